@@ -1,0 +1,462 @@
+/* nbdkit-mapper-plugin: serves every device of the engine as an NBD
+ * export.  Reads top to bottom: configuration, connections, sizes and
+ * capabilities, I/O, then the plugin struct.
+ */
+#include <config.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ev.h>
+#include <libnbd.h>
+#include <openssl/crypto.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "engine.h"
+
+/* -D mapper.io=1: log how each request is split. */
+NBDKIT_DLL_PUBLIC int mapper_debug_io = 0;
+
+/* Table files from the command line, in order (table= and tables=). */
+static char **table_files;
+static size_t nr_table_files;
+
+static int
+add_table_file (const char *path)
+{
+  char **p = realloc (table_files, (nr_table_files + 1) * sizeof *p);
+
+  if (p == NULL || (p[nr_table_files] = strdup (path)) == NULL) {
+    nbdkit_error ("%s: out of memory", path);
+    if (p)
+      table_files = p;
+    return -1;
+  }
+  table_files = p;
+  nr_table_files++;
+  return 0;
+}
+
+static int
+cmp_strings (const void *a, const void *b)
+{
+  return strcmp (*(char *const *) a, *(char *const *) b);
+}
+
+/* tables=DIR: every *.table in DIR, in name order (stable default). */
+static int
+add_table_dir (const char *dir)
+{
+  size_t first = nr_table_files;
+  struct dirent *d;
+  DIR *dp;
+
+  dp = opendir (dir);
+  if (dp == NULL) {
+    nbdkit_error ("tables=%s: %m", dir);
+    return -1;
+  }
+  while ((errno = 0, d = readdir (dp)) != NULL) {
+    size_t len = strlen (d->d_name);
+    char *path;
+    int r;
+
+    if (len <= 6 || strcmp (d->d_name + len - 6, ".table") != 0)
+      continue;
+    if (asprintf (&path, "%s/%s", dir, d->d_name) == -1) {
+      nbdkit_error ("tables=%s: out of memory", dir);
+      closedir (dp);
+      return -1;
+    }
+    r = add_table_file (path);
+    free (path);
+    if (r == -1) {
+      closedir (dp);
+      return -1;
+    }
+  }
+  if (errno != 0) {
+    nbdkit_error ("tables=%s: readdir: %m", dir);
+    closedir (dp);
+    return -1;
+  }
+  closedir (dp);
+  qsort (table_files + first, nr_table_files - first, sizeof *table_files,
+         cmp_strings);
+  return 0;
+}
+
+static int
+mapper_config (const char *key, const char *value)
+{
+  if (strcmp (key, "table") == 0)
+    return add_table_file (value);
+  if (strcmp (key, "tables") == 0)
+    return add_table_dir (value);
+  nbdkit_error ("unknown parameter '%s'", key);
+  return -1;
+}
+
+static void
+log_debug (const char *fmt, ...)
+{
+  va_list ap;
+  char buf[4096];
+
+  va_start (ap, fmt);
+  vsnprintf (buf, sizeof buf, fmt, ap);
+  va_end (ap);
+  nbdkit_debug ("%s", buf);
+}
+
+/* The device name of a table file: basename without ".table". */
+static char *
+device_name_of (const char *path)
+{
+  const char *base = strrchr (path, '/');
+  size_t len;
+
+  base = base ? base + 1 : path;
+  len = strlen (base);
+  if (len > 6 && strcmp (base + len - 6, ".table") == 0)
+    len -= 6;
+  return strndup (base, len);
+}
+
+static int
+load_device (const char *path)
+{
+  struct mapper_err err = { "" };
+  struct device *dev;
+  struct table *t;
+  char *name;
+  int r;
+
+  name = device_name_of (path);
+  if (name == NULL) {
+    nbdkit_error ("%s: out of memory", path);
+    return -1;
+  }
+  r = device_create (name, &dev, &err);
+  free (name);
+  if (r < 0) {
+    nbdkit_error ("%s: %s", path, err.msg);
+    return -1;
+  }
+  if (table_parse_file (path, &t, &err) < 0) {
+    nbdkit_error ("%s", err.msg);
+    device_destroy (dev);
+    return -1;
+  }
+  device_load (dev, t);
+  if (device_resume (dev, &err) < 0) {
+    nbdkit_error ("%s: %s", path, err.msg);
+    device_destroy (dev);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+mapper_config_complete (void)
+{
+  mapper_debug = log_debug;
+  mapper_trace_io = mapper_debug_io != 0;
+
+  if (nr_table_files == 0) {
+    nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR");
+    return -1;
+  }
+  for (size_t i = 0; i < nr_table_files; i++)
+    if (load_device (table_files[i]) == -1)
+      return -1;
+  return 0;
+}
+
+static void
+mapper_unload (void)
+{
+  struct device *dev;
+
+  while ((dev = device_nth (0)) != NULL)
+    device_destroy (dev);
+  for (size_t i = 0; i < nr_table_files; i++)
+    free (table_files[i]);
+  free (table_files);
+}
+
+static void
+mapper_dump_plugin (void)
+{
+  struct nbd_handle *nbd = nbd_create ();
+
+  printf ("mapper_version=%s\n", mapper_version ());
+  printf ("libnbd_version=%s\n", nbd ? nbd_get_version (nbd) : "unknown");
+  printf ("libev_version=%d.%d\n", ev_version_major (), ev_version_minor ());
+  printf ("openssl_version=%s\n", OpenSSL_version (OPENSSL_VERSION));
+  printf ("mapper_targets=linear striped zero error\n");
+  if (nbd)
+    nbd_close (nbd);
+}
+
+#define mapper_config_help \
+  "[table=]FILE        A device table (repeatable); the device is named\n" \
+  "                    after the file, without \".table\".  The first\n" \
+  "                    one is also the default export.\n" \
+  "tables=DIR          Every *.table file in DIR is a device."
+
+/* --- exports and connections ----------------------------------------- */
+
+static int
+mapper_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
+{
+  char desc[256];
+
+  for (size_t i = 0; ; i++) {
+    struct device *dev = device_nth (i);
+    if (dev == NULL)
+      break;
+    device_summary (dev, desc, sizeof desc);
+    if (nbdkit_add_export (exports, device_name (dev), desc) == -1)
+      return -1;
+  }
+  return 0;
+}
+
+static const char *
+mapper_default_export (int readonly, int is_tls)
+{
+  struct device *dev = device_nth (0);
+
+  return dev ? device_name (dev) : NULL;
+}
+
+struct handle {
+  struct device *dev;           /* read-only after open */
+};
+
+static void *
+mapper_open (int readonly)
+{
+  const char *name = nbdkit_export_name ();
+  struct handle *h;
+  struct device *dev;
+
+  if (name == NULL || *name == '\0')
+    name = mapper_default_export (readonly, 0);
+  dev = name ? device_lookup (name) : NULL;
+  if (dev == NULL) {
+    nbdkit_error ("no such device: %s", name ? name : "(none)");
+    errno = ENOENT;
+    return NULL;
+  }
+  h = malloc (sizeof *h);
+  if (h == NULL) {
+    nbdkit_error ("malloc: %m");
+    return NULL;
+  }
+  h->dev = dev;
+  device_open_count_add (dev, 1);
+  return h;
+}
+
+static void
+mapper_close (void *handle)
+{
+  struct handle *h = handle;
+
+  device_open_count_add (h->dev, -1);
+  free (h);
+}
+
+static const char *
+mapper_export_description (void *handle)
+{
+  struct handle *h = handle;
+  char desc[256];
+
+  device_summary (h->dev, desc, sizeof desc);
+  return nbdkit_strdup_intern (desc);
+}
+
+/* Capabilities come from the live table at the time of the call; nbdkit
+ * asks once per connection.
+ */
+static struct mapper_caps
+caps_of (void *handle)
+{
+  struct handle *h = handle;
+  struct mapper_caps c = { 0 };
+
+  device_get_caps (h->dev, &c);
+  return c;
+}
+
+static int64_t
+mapper_get_size (void *handle)
+{
+  return caps_of (handle).size;
+}
+
+static int
+mapper_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
+                   uint32_t *maximum)
+{
+  struct mapper_caps c = caps_of (handle);
+
+  *minimum = c.block_min;
+  *preferred = c.block_pref;
+  *maximum = c.block_max;
+  return 0;
+}
+
+static int mapper_can_write (void *h) { return caps_of (h).can_write; }
+static int mapper_can_flush (void *h) { return caps_of (h).can_flush; }
+static int mapper_can_trim (void *h) { return caps_of (h).can_trim; }
+static int mapper_can_zero (void *h) { return caps_of (h).can_zero; }
+static int mapper_can_fast_zero (void *h) { return caps_of (h).can_fast_zero; }
+static int mapper_can_extents (void *h) { return caps_of (h).can_extents; }
+static int mapper_can_multi_conn (void *h)
+{
+  return caps_of (h).can_multi_conn;
+}
+
+static int
+mapper_can_fua (void *h)
+{
+  /* Native where the backends have it, emulated by flushing the touched
+   * backends otherwise: either way the engine honours the flag itself.
+   */
+  return caps_of (h).can_fua ? NBDKIT_FUA_NATIVE : NBDKIT_FUA_NONE;
+}
+
+static int
+mapper_can_cache (void *h)
+{
+  return NBDKIT_CACHE_NONE;
+}
+
+/* --- I/O --------------------------------------------------------------- */
+
+static uint32_t
+engine_flags (uint32_t flags)
+{
+  return ((flags & NBDKIT_FLAG_FUA) ? MAPPER_FUA : 0) |
+    ((flags & NBDKIT_FLAG_MAY_TRIM) ? MAPPER_MAY_TRIM : 0) |
+    ((flags & NBDKIT_FLAG_FAST_ZERO) ? MAPPER_FAST_ZERO : 0) |
+    ((flags & NBDKIT_FLAG_REQ_ONE) ? MAPPER_REQ_ONE : 0);
+}
+
+/* Engine result -> nbdkit: errno set in this (worker) thread. */
+static int
+result (int r)
+{
+  if (r == 0)
+    return 0;
+  nbdkit_set_error (-r);
+  return -1;
+}
+
+static int
+mapper_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
+              uint32_t flags)
+{
+  struct handle *h = handle;
+  return result (device_pread (h->dev, buf, count, offset,
+                               engine_flags (flags)));
+}
+
+static int
+mapper_pwrite (void *handle, const void *buf, uint32_t count,
+               uint64_t offset, uint32_t flags)
+{
+  struct handle *h = handle;
+  return result (device_pwrite (h->dev, buf, count, offset,
+                                engine_flags (flags)));
+}
+
+static int
+mapper_flush (void *handle, uint32_t flags)
+{
+  struct handle *h = handle;
+  return result (device_flush (h->dev, engine_flags (flags)));
+}
+
+static int
+mapper_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  struct handle *h = handle;
+  return result (device_trim (h->dev, count, offset, engine_flags (flags)));
+}
+
+static int
+mapper_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  struct handle *h = handle;
+  return result (device_zero (h->dev, count, offset, engine_flags (flags)));
+}
+
+static int
+add_extent (void *opaque, uint64_t offset, uint64_t length, uint32_t type)
+{
+  return nbdkit_add_extent (opaque, offset, length, type) == -1 ? -errno : 0;
+}
+
+static int
+mapper_extents (void *handle, uint32_t count, uint64_t offset,
+                uint32_t flags, struct nbdkit_extents *extents)
+{
+  struct handle *h = handle;
+  return result (device_extents (h->dev, count, offset, engine_flags (flags),
+                                 add_extent, extents));
+}
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+
+static struct nbdkit_plugin plugin = {
+  .name               = "mapper",
+  .longname           = "nbdmapper: device-mapper for the network",
+  .version            = PACKAGE_VERSION,
+  .description        = "Serves named block devices defined by dm-style "
+                        "tables over local files and block devices.",
+  .magic_config_key   = "table",
+  .config             = mapper_config,
+  .config_help        = mapper_config_help,
+  .config_complete    = mapper_config_complete,
+  .unload             = mapper_unload,
+  .dump_plugin        = mapper_dump_plugin,
+
+  .list_exports       = mapper_list_exports,
+  .default_export     = mapper_default_export,
+  .open               = mapper_open,
+  .close              = mapper_close,
+  .export_description = mapper_export_description,
+
+  .get_size           = mapper_get_size,
+  .block_size         = mapper_block_size,
+  .can_write          = mapper_can_write,
+  .can_flush          = mapper_can_flush,
+  .can_trim           = mapper_can_trim,
+  .can_zero           = mapper_can_zero,
+  .can_fast_zero      = mapper_can_fast_zero,
+  .can_extents        = mapper_can_extents,
+  .can_fua            = mapper_can_fua,
+  .can_multi_conn     = mapper_can_multi_conn,
+  .can_cache          = mapper_can_cache,
+
+  .pread              = mapper_pread,
+  .pwrite             = mapper_pwrite,
+  .flush              = mapper_flush,
+  .trim               = mapper_trim,
+  .zero               = mapper_zero,
+  .extents            = mapper_extents,
+  .errno_is_preserved = 0,
+};
+
+NBDKIT_REGISTER_PLUGIN (plugin)

@@ -1,0 +1,66 @@
+/* The backend registry: backends are shared by every table that names
+ * them, keyed by canonical name, and closed when the last table using
+ * them is freed.  Only table build/free come here, never the I/O path.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Protects the list and every backend's refs and next. */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct backend *registry;
+
+int
+backend_get (const char *spec, struct backend **out, struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&registry_lock);
+  CLEANUP_FREE char *canonical = NULL;
+  struct backend *be;
+  int r;
+
+  if (*spec == '\0') {
+    mapper_err_set (err, "empty device path");
+    return -EINVAL;
+  }
+  canonical = realpath (spec, NULL);
+  if (canonical == NULL) {
+    r = -errno;
+    mapper_err_set (err, "%s: %s", spec, strerror (errno));
+    return r;
+  }
+  for (be = registry; be; be = be->next)
+    if (strcmp (be->name, canonical) == 0) {
+      be->refs++;
+      *out = be;
+      return 0;
+    }
+
+  r = file_backend_open (spec, canonical, &be, err);
+  if (r < 0)
+    return r;
+  be->refs = 1;
+  be->next = registry;
+  registry = be;
+  *out = be;
+  return 0;
+}
+
+void
+backend_put (struct backend *be)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&registry_lock);
+  struct backend **p;
+
+  if (--be->refs > 0)
+    return;
+  for (p = &registry; *p != be; p = &(*p)->next)
+    ;
+  *p = be->next;
+  be->ops->close (be);
+}

@@ -1,0 +1,135 @@
+/* Engine-wide helpers: errors, logging, small utilities. */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+mapper_log_fn mapper_debug;
+bool mapper_trace_io;
+
+const char *const io_op_name[] = {
+  [IO_READ] = "read", [IO_WRITE] = "write", [IO_ZERO] = "zero",
+  [IO_TRIM] = "trim", [IO_FLUSH] = "flush",
+};
+
+const char *
+mapper_version (void)
+{
+  return PACKAGE_VERSION;
+}
+
+void
+mapper_err_set (struct mapper_err *err, const char *fmt, ...)
+{
+  va_list ap;
+
+  if (err == NULL)
+    return;
+  va_start (ap, fmt);
+  vsnprintf (err->msg, sizeof err->msg, fmt, ap);
+  va_end (ap);
+}
+
+void
+cleanup_free (void *ptr)
+{
+  free (*(void **) ptr);
+}
+
+void
+cleanup_unlock (pthread_mutex_t **m)
+{
+  pthread_mutex_unlock (*m);
+}
+
+int
+generic_vector_reserve (void **ptr, size_t *cap, size_t len, size_t n,
+                        size_t itemsize)
+{
+  size_t want, newcap, bytes;
+  void *p;
+
+  if (__builtin_add_overflow (len, n, &want)) {
+    errno = ENOMEM;
+    return -1;
+  }
+  if (want <= *cap)
+    return 0;
+  newcap = *cap ? *cap : 4;
+  while (newcap < want)
+    if (__builtin_mul_overflow (newcap, 2, &newcap)) {
+      errno = ENOMEM;
+      return -1;
+    }
+  if (__builtin_mul_overflow (newcap, itemsize, &bytes)) {
+    errno = ENOMEM;
+    return -1;
+  }
+  p = realloc (*ptr, bytes);
+  if (p == NULL)
+    return -1;
+  *ptr = p;
+  *cap = newcap;
+  return 0;
+}
+
+/* Strict unsigned decimal: digits only, no sign, no junk, no overflow. */
+int
+parse_u64 (const char *s, uint64_t *out)
+{
+  uint64_t v = 0;
+
+  if (*s == '\0')
+    return -EINVAL;
+  for (; *s; s++) {
+    if (*s < '0' || *s > '9')
+      return -EINVAL;
+    if (__builtin_mul_overflow (v, 10, &v) ||
+        __builtin_add_overflow (v, (uint64_t) (*s - '0'), &v))
+      return -ERANGE;
+  }
+  *out = v;
+  return 0;
+}
+
+/* A sector count, returned in bytes; must fit in an NBD size (int64). */
+int
+parse_sectors (const char *s, uint64_t *bytes)
+{
+  uint64_t sectors;
+  int r = parse_u64 (s, &sectors);
+
+  if (r < 0)
+    return r;
+  if (sectors > (uint64_t) INT64_MAX >> MAPPER_SECTOR_SHIFT)
+    return -ERANGE;
+  *bytes = sectors << MAPPER_SECTOR_SHIFT;
+  return 0;
+}
+
+/* -D mapper.io=1: one line per request showing how it was split. */
+void
+mapper_log_io_req (const char *devname, const struct io_req *req,
+                   uint64_t offset, uint64_t count)
+{
+  char line[1024];
+  size_t used;
+  size_t i;
+
+  used = snprintf (line, sizeof line, "%s: %s %" PRIu64 "+%" PRIu64
+                   " -> %zu clone%s:", devname, io_op_name[req->op],
+                   offset, count, req->nr, req->nr == 1 ? "" : "s");
+  for (i = 0; i < req->nr && used < sizeof line; i++) {
+    const struct clone *c = &req->clones[i];
+    used += snprintf (line + used, sizeof line - used,
+                      " [%s %" PRIu64 "+%" PRIu64 "]",
+                      c->be->name, c->offset, c->len);
+  }
+  mapper_debug ("%s", line);
+}

@@ -1,0 +1,117 @@
+/* Private declarations of the engine, grouped by defining file. */
+#ifndef NBDMAPPER_INTERNAL_H
+#define NBDMAPPER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "backend.h"
+#include "target.h"
+#include "vector.h"
+
+#define ARRAY_SIZE(a) (sizeof (a) / sizeof ((a)[0]))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define IS_POWER_OF_2(x) ((x) != 0 && ((x) & ((x) - 1)) == 0)
+
+/* Scope-bound cleanup. */
+#define CLEANUP_FREE __attribute__ ((cleanup (cleanup_free)))
+void cleanup_free (void *ptr);
+#define ACQUIRE_LOCK_FOR_CURRENT_SCOPE(m) \
+  __attribute__ ((cleanup (cleanup_unlock))) pthread_mutex_t *_lock_ = (m); \
+  pthread_mutex_lock (_lock_)
+void cleanup_unlock (pthread_mutex_t **m);
+
+enum io_op { IO_READ, IO_WRITE, IO_ZERO, IO_TRIM, IO_FLUSH };
+extern const char *const io_op_name[];
+
+/* One piece of a request, addressed to one backend.  buf points into the
+ * client's buffer (or is NULL for zero/trim/flush).
+ */
+struct clone {
+  struct io_req *req;
+  struct backend *be;
+  uint64_t offset;              /* backend coordinates, bytes */
+  uint64_t len;
+  char *buf;
+  uint32_t flags;               /* MAPPER_FUA, MAPPER_MAY_TRIM, ... */
+  enum io_op op;
+};
+
+/* A request in flight: lives on the submitting worker's stack.  Clone
+ * descriptors go in the inline array, spilling to the heap only for very
+ * wide fan-outs.
+ */
+#define IO_INLINE_CLONES 16
+struct io_req {
+  enum io_op op;
+  uint32_t flags;
+  _Atomic int pending;          /* clones not yet done, +1 while issuing */
+  _Atomic int error;            /* first -errno wins */
+  struct clone *clones;
+  size_t nr, cap;
+  struct clone inline_clones[IO_INLINE_CLONES];
+};
+
+/* engine.c */
+void mapper_log_io_req (const char *devname, const struct io_req *req,
+                        uint64_t offset, uint64_t count);
+
+/* io.c */
+void clone_done (struct clone *c, int error);  /* error: 0 or -errno */
+/* Flush every backend in bes[0..n) once, in parallel; first error. */
+int io_flush_backends (struct backend *const *bes, size_t n);
+
+/* table.c */
+DEFINE_VECTOR_TYPE (backend_vector, struct backend *);
+struct table {
+  /* Immutable once built. */
+  char *origin;                 /* file name or "<string>", for messages */
+  struct target *targets;       /* sorted by begin, contiguous from 0 */
+  uint64_t *ends;               /* ends[i] = targets[i].begin + len */
+  size_t nr_targets;
+  backend_vector backends;      /* distinct, each referenced once */
+  struct mapper_caps caps;
+};
+/* Index of the target containing byte offset off (< caps.size). */
+size_t table_find_target (const struct table *t, uint64_t off);
+
+/* device.c */
+struct device {
+  char *name;                   /* read-only after create */
+
+  /* The request path: a request counts itself in flight, then checks
+   * suspended.  live changes only while suspended with in-flight == 0, so
+   * a counted request can use it without a reference.
+   */
+  _Atomic unsigned inflight;
+  _Atomic bool suspended;
+  struct table *live;
+
+  /* Protected by lock: the inactive slot, waiting for drain/resume. */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct table *inactive;
+  _Atomic unsigned open_count;
+  uint64_t event_nr;
+};
+/* Enter/exit the live table for a request (blocks while suspended). */
+struct table *device_enter (struct device *dev);
+void device_exit (struct device *dev);
+
+/* extents walk state (io.c) */
+struct extent_walk {
+  mapper_extent_fn fn;
+  void *opaque;
+  uint64_t next;                /* device offset expected next */
+  uint64_t end;                 /* stop when reached */
+  unsigned count;               /* extents reported so far */
+  bool req_one;
+  bool done;                    /* enough reported: stop walking */
+};
+
+#endif /* NBDMAPPER_INTERNAL_H */

@@ -1,0 +1,381 @@
+/* The request path: a request becomes clones (no data copy: each points
+ * into the client's buffer), issued to their backends, then waited for.
+ * No global lock; the request and its clone descriptors live on the
+ * worker's stack unless the fan-out is very wide.
+ */
+#include <config.h>
+
+#include <assert.h>
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* How many extents one request reports at most (nbdkit accepts fewer than
+ * asked as long as the first byte is covered); keeps a wide striped table
+ * from turning one query into millions of lseeks.
+ */
+#define MAX_EXTENTS 4096
+
+static void
+io_req_init (struct io_req *req, enum io_op op, uint32_t flags)
+{
+  req->op = op;
+  req->flags = flags;
+  atomic_init (&req->pending, 1);      /* held while issuing */
+  atomic_init (&req->error, 0);
+  req->clones = req->inline_clones;
+  req->nr = 0;
+  req->cap = IO_INLINE_CLONES;
+}
+
+static void
+io_req_release (struct io_req *req)
+{
+  if (req->clones != req->inline_clones)
+    free (req->clones);
+}
+
+bool
+io_req_is_read (const struct io_req *req)
+{
+  return req->op == IO_READ;
+}
+
+static struct clone *
+io_req_new_clone (struct io_req *req)
+{
+  if (req->nr == req->cap) {
+    size_t cap = req->cap * 2;
+    struct clone *p;
+
+    if (req->clones == req->inline_clones) {
+      p = malloc (cap * sizeof *p);
+      if (p)
+        memcpy (p, req->clones, req->nr * sizeof *p);
+    }
+    else
+      p = realloc (req->clones, cap * sizeof *p);
+    if (p == NULL)
+      return NULL;
+    req->clones = p;
+    req->cap = cap;
+  }
+  return &req->clones[req->nr++];
+}
+
+int
+io_emit (struct io_req *req, struct backend *be, uint64_t offset,
+         uint64_t len, char *buf)
+{
+  struct clone *c;
+  uint32_t flags = req->flags;
+
+  /* Extend the previous clone when this piece continues it on the same
+   * backend (e.g. adjacent linear targets over one file).
+   */
+  if (req->nr > 0) {
+    c = &req->clones[req->nr - 1];
+    if (c->be == be && c->offset + c->len == offset &&
+        (buf == NULL ? c->buf == NULL : c->buf + c->len == buf)) {
+      c->len += len;
+      return 0;
+    }
+  }
+  if (!be->caps.can_fua)
+    flags &= ~MAPPER_FUA;       /* emulated after completion */
+  c = io_req_new_clone (req);
+  if (c == NULL)
+    return -ENOMEM;
+  *c = (struct clone) {
+    .req = req, .be = be, .offset = offset, .len = len, .buf = buf,
+    .flags = flags, .op = req->op,
+  };
+  return 0;
+}
+
+static void
+futex_wait (_Atomic int *addr, int val)
+{
+  syscall (SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void
+futex_wake (_Atomic int *addr)
+{
+  syscall (SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+void
+clone_done (struct clone *c, int error)
+{
+  struct io_req *req = c->req;
+
+  if (error) {
+    int expected = 0;
+    assert (error < 0);
+    atomic_compare_exchange_strong (&req->error, &expected, error);
+  }
+  /* After the decrement req may be gone (the waiter returns as soon as it
+   * sees 0); the wake on its address is then at worst spurious.
+   */
+  if (atomic_fetch_sub (&req->pending, 1) == 1)
+    futex_wake (&req->pending);
+}
+
+/* Issue every clone, then wait for all of them; 0 or the first -errno. */
+static int
+io_req_run (struct io_req *req)
+{
+  int v;
+
+  for (size_t i = 0; i < req->nr; i++) {
+    struct clone *c = &req->clones[i];
+    atomic_fetch_add (&req->pending, 1);
+    c->be->ops->submit (c->be, c);
+  }
+  if (atomic_fetch_sub (&req->pending, 1) != 1)
+    while ((v = atomic_load (&req->pending)) != 0)
+      futex_wait (&req->pending, v);
+  return atomic_load (&req->error);
+}
+
+int
+io_flush_backends (struct backend *const *bes, size_t n)
+{
+  struct io_req req;
+  int r = 0;
+
+  io_req_init (&req, IO_FLUSH, 0);
+  for (size_t i = 0; i < n && r == 0; i++) {
+    struct clone *c = io_req_new_clone (&req);
+    if (c == NULL)
+      r = -ENOMEM;
+    else
+      *c = (struct clone) { .req = &req, .be = bes[i], .op = IO_FLUSH };
+  }
+  if (r == 0)
+    r = io_req_run (&req);
+  io_req_release (&req);
+  return r;
+}
+
+/* FUA on backends without native FUA: flush each touched backend once. */
+static int
+io_emulate_fua (const struct io_req *req)
+{
+  struct backend *bes[IO_INLINE_CLONES];
+  size_t n = 0;
+  int r;
+
+  for (size_t i = 0; i < req->nr; i++) {
+    struct backend *be = req->clones[i].be;
+    size_t j;
+
+    if (be->caps.can_fua)
+      continue;
+    for (j = 0; j < n && bes[j] != be; j++)
+      ;
+    if (j < n)
+      continue;
+    if (n == ARRAY_SIZE (bes)) {
+      if ((r = io_flush_backends (bes, n)) < 0)
+        return r;
+      n = 0;
+    }
+    bes[n++] = be;
+  }
+  return n ? io_flush_backends (bes, n) : 0;
+}
+
+static int
+device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
+           uint64_t offset, uint32_t flags)
+{
+  struct table *t = device_enter (dev);
+  struct io_req req;
+  uint64_t pos, left;
+  size_t i;
+  int r;
+
+  /* Never let a request beyond the live table reach a backend (the client
+   * may have seen a bigger size before a reload).
+   */
+  if (offset > t->caps.size || count > t->caps.size - offset) {
+    device_exit (dev);
+    return op == IO_READ ? -EIO : -ENOSPC;
+  }
+  if (op != IO_READ && !t->caps.can_write) {
+    device_exit (dev);
+    return -EPERM;
+  }
+
+  io_req_init (&req, op, flags);
+  i = count ? table_find_target (t, offset) : 0;
+  for (pos = offset, left = count; left > 0; i++) {
+    struct target *ti = &t->targets[i];
+    uint64_t toff = pos - ti->begin;
+    uint64_t n = MIN (left, ti->len - toff);
+
+    r = ti->type->map (ti, &req, toff, n, buf_at (buf, pos - offset));
+    if (r < 0)
+      goto out;
+    pos += n;
+    left -= n;
+  }
+  if (mapper_trace_io && mapper_debug)
+    mapper_log_io_req (dev->name, &req, offset, count);
+
+  r = io_req_run (&req);
+  if (r == 0 && (flags & MAPPER_FUA))
+    r = io_emulate_fua (&req);
+ out:
+  io_req_release (&req);
+  device_exit (dev);
+  return r;
+}
+
+int
+device_pread (struct device *dev, void *buf, uint32_t count, uint64_t offset,
+              uint32_t flags)
+{
+  return device_io (dev, IO_READ, buf, count, offset, flags & ~MAPPER_FUA);
+}
+
+int
+device_pwrite (struct device *dev, const void *buf, uint32_t count,
+               uint64_t offset, uint32_t flags)
+{
+  /* Backends only read from a write buffer. */
+  return device_io (dev, IO_WRITE, (char *) buf, count, offset, flags);
+}
+
+int
+device_zero (struct device *dev, uint32_t count, uint64_t offset,
+             uint32_t flags)
+{
+  return device_io (dev, IO_ZERO, NULL, count, offset, flags);
+}
+
+int
+device_trim (struct device *dev, uint32_t count, uint64_t offset,
+             uint32_t flags)
+{
+  return device_io (dev, IO_TRIM, NULL, count, offset, flags);
+}
+
+int
+device_flush (struct device *dev, uint32_t flags)
+{
+  struct table *t = device_enter (dev);
+  int r;
+
+  /* Once per distinct backend, never once per target. */
+  r = io_flush_backends (t->backends.ptr, t->backends.len);
+  if (mapper_trace_io && mapper_debug)
+    mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->backends.len,
+                  t->backends.len == 1 ? "" : "s");
+  device_exit (dev);
+  return r;
+}
+
+/* --- extents --------------------------------------------------------- */
+
+bool
+extent_walk_done (const struct extent_walk *w)
+{
+  return w->done;
+}
+
+int
+extent_walk_add (struct extent_walk *w, struct target *ti, uint64_t off,
+                 uint64_t len, uint32_t type)
+{
+  uint64_t doff = ti->begin + off;
+  int r;
+
+  if (w->done || len == 0)
+    return 0;
+  assert (doff == w->next);
+  r = w->fn (w->opaque, doff, len, type);
+  if (r < 0)
+    return r;
+  w->next = doff + len;
+  if (w->req_one || ++w->count >= MAX_EXTENTS || w->next >= w->end)
+    w->done = true;
+  return 0;
+}
+
+struct extent_remap {
+  struct extent_walk *w;
+  struct target *ti;
+  uint64_t delta;               /* target offset - backend offset */
+};
+
+static int
+extent_remap_cb (void *opaque, uint64_t offset, uint64_t length,
+                 uint32_t type)
+{
+  struct extent_remap *m = opaque;
+  int r = extent_walk_add (m->w, m->ti, offset + m->delta, length, type);
+
+  if (r < 0)
+    return r;
+  return m->w->done;            /* > 0: the backend may stop */
+}
+
+int
+extent_walk_backend (struct extent_walk *w, struct target *ti, uint64_t off,
+                     struct backend *be, uint64_t be_off, uint64_t len)
+{
+  struct extent_remap m = { .w = w, .ti = ti, .delta = off - be_off };
+  uint64_t want = ti->begin + off + len;
+  int r;
+
+  if (w->done)
+    return 0;
+  r = be->ops->extents (be, be_off, len, w->req_one, extent_remap_cb, &m);
+  if (r < 0)
+    return r;
+  /* A backend that answered for less than asked ends the walk: the
+   * extents we report must stay contiguous.
+   */
+  if (w->next != want)
+    w->done = true;
+  return 0;
+}
+
+int
+device_extents (struct device *dev, uint32_t count, uint64_t offset,
+                uint32_t flags, mapper_extent_fn fn, void *opaque)
+{
+  struct table *t = device_enter (dev);
+  struct extent_walk w = {
+    .fn = fn, .opaque = opaque, .next = offset, .end = offset + count,
+    .req_one = flags & MAPPER_REQ_ONE,
+  };
+  size_t i;
+  int r = 0;
+
+  if (offset > t->caps.size || count > t->caps.size - offset) {
+    device_exit (dev);
+    return -EIO;
+  }
+  for (i = count ? table_find_target (t, offset) : 0;
+       w.next < w.end && !w.done; i++) {
+    struct target *ti = &t->targets[i];
+    uint64_t toff = w.next - ti->begin;
+    uint64_t n = MIN (w.end - w.next, ti->len - toff);
+
+    r = ti->type->extents (ti, &w, toff, n);
+    if (r < 0)
+      break;
+  }
+  device_exit (dev);
+  return r;
+}

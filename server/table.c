@@ -1,0 +1,428 @@
+/* Table text -> immutable struct table.  Everything is validated here, at
+ * load time, so the request path only does arithmetic: no gaps, no
+ * overlaps, start at 0, every backend area inside its backend, 64-bit
+ * overflow checks on every number.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const struct target_type *const target_types[] = {
+  &linear_target, &striped_target, &zero_target, &error_target,
+};
+
+static const struct target_type *
+find_target_type (const char *name)
+{
+  for (size_t i = 0; i < ARRAY_SIZE (target_types); i++)
+    if (strcmp (target_types[i]->name, name) == 0)
+      return target_types[i];
+  return NULL;
+}
+
+DEFINE_VECTOR_TYPE (string_vector, char *);
+DEFINE_VECTOR_TYPE (target_vector, struct target);
+
+/* Split line (modified in place) into words; '#' starting a word begins a
+ * comment.  0 or -ENOMEM.
+ */
+static int
+split_words (char *line, string_vector *words)
+{
+  char *p = line;
+
+  words->len = 0;
+  for (;;) {
+    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\v' || *p == '\f')
+      p++;
+    if (*p == '\0' || *p == '#')
+      return 0;
+    if (string_vector_append (words, p) == -1)
+      return -ENOMEM;
+    while (*p && *p != ' ' && *p != '\t' && *p != '\r' && *p != '\v' &&
+           *p != '\f')
+      p++;
+    if (*p)
+      *p++ = '\0';
+  }
+}
+
+static const char *
+number_error (int r)
+{
+  return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
+}
+
+int
+target_get_backend (struct target *ti, const char *spec, uint64_t start,
+                    uint64_t len, struct backend **out,
+                    struct mapper_err *err)
+{
+  struct table *t = ti->table;
+  struct backend *be;
+  uint64_t end;
+  size_t i;
+  int r;
+
+  r = backend_get (spec, &be, err);
+  if (r < 0)
+    return r;
+  if (__builtin_add_overflow (start, len, &end) || end > be->caps.size) {
+    mapper_err_set (err, "%s: area (offset %" PRIu64 " + length %" PRIu64
+                    " sectors) beyond the end of the device (%" PRIu64
+                    " sectors)", spec, start >> MAPPER_SECTOR_SHIFT,
+                    len >> MAPPER_SECTOR_SHIFT,
+                    be->caps.size >> MAPPER_SECTOR_SHIFT);
+    backend_put (be);
+    return -EINVAL;
+  }
+  /* The table keeps one reference per distinct backend. */
+  for (i = 0; i < t->backends.len; i++)
+    if (t->backends.ptr[i] == be) {
+      backend_put (be);
+      *out = be;
+      return 0;
+    }
+  if (backend_vector_append (&t->backends, be) == -1) {
+    backend_put (be);
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  *out = be;
+  return 0;
+}
+
+/* Merge the backends' and targets' capabilities into the table's. */
+static void
+table_merge_caps (struct table *t)
+{
+  struct mapper_caps *c = &t->caps;
+
+  c->size = t->nr_targets ? t->ends[t->nr_targets - 1] : 0;
+  c->can_write = c->can_flush = c->can_fua = c->can_trim = true;
+  c->can_zero = c->can_fast_zero = c->can_extents = true;
+  c->can_multi_conn = true;
+  c->block_min = 1;               /* byte-granular: we split exactly */
+  c->block_pref = 4096;
+  c->block_max = 0xffffffff;
+  for (size_t i = 0; i < t->backends.len; i++) {
+    const struct mapper_caps *b = &t->backends.ptr[i]->caps;
+    c->can_write &= b->can_write;
+    c->can_multi_conn &= b->can_multi_conn;
+    c->block_pref = MAX (c->block_pref, b->block_pref);
+  }
+}
+
+void
+table_free (struct table *t)
+{
+  if (t == NULL)
+    return;
+  for (size_t i = 0; i < t->nr_targets; i++)
+    if (t->targets[i].type->dtr)
+      t->targets[i].type->dtr (&t->targets[i]);
+  for (size_t i = 0; i < t->backends.len; i++)
+    backend_put (t->backends.ptr[i]);
+  backend_vector_reset (&t->backends);
+  free (t->targets);
+  free (t->ends);
+  free (t->origin);
+  free (t);
+}
+
+/* Parse one non-empty line into *ti (appended by the caller). */
+static int
+parse_line (struct table *t, uint64_t expect, string_vector *w,
+            struct target *ti, struct mapper_err *err)
+{
+  uint64_t begin, len, end;
+  int r;
+
+  if (w->len < 3) {
+    mapper_err_set (err, "expected <start> <length> <target> [args...], "
+                    "got %zu word%s", w->len, w->len == 1 ? "" : "s");
+    return -EINVAL;
+  }
+  if ((r = parse_sectors (w->ptr[0], &begin)) < 0) {
+    mapper_err_set (err, "start '%s' %s", w->ptr[0], number_error (r));
+    return -EINVAL;
+  }
+  if ((r = parse_sectors (w->ptr[1], &len)) < 0) {
+    mapper_err_set (err, "length '%s' %s", w->ptr[1], number_error (r));
+    return -EINVAL;
+  }
+  if (len == 0) {
+    mapper_err_set (err, "length is 0");
+    return -EINVAL;
+  }
+  if (__builtin_add_overflow (begin, len, &end) || end > INT64_MAX) {
+    mapper_err_set (err, "start %s + length %s overflows the maximum "
+                    "device size", w->ptr[0], w->ptr[1]);
+    return -EINVAL;
+  }
+  if (expect == 0 && begin != 0) {
+    mapper_err_set (err, "first target must start at sector 0, not %s",
+                    w->ptr[0]);
+    return -EINVAL;
+  }
+  if (begin < expect) {
+    mapper_err_set (err, "target at sector %s overlaps the previous target "
+                    "(which ends at sector %" PRIu64 ")",
+                    w->ptr[0], expect >> MAPPER_SECTOR_SHIFT);
+    return -EINVAL;
+  }
+  if (begin > expect) {
+    mapper_err_set (err, "gap: target starts at sector %s but the previous "
+                    "target ends at sector %" PRIu64,
+                    w->ptr[0], expect >> MAPPER_SECTOR_SHIFT);
+    return -EINVAL;
+  }
+
+  *ti = (struct target) { .table = t, .begin = begin, .len = len };
+  ti->type = find_target_type (w->ptr[2]);
+  if (ti->type == NULL) {
+    mapper_err_set (err, "unknown target type '%s'", w->ptr[2]);
+    return -EINVAL;
+  }
+  r = ti->type->ctr (ti, w->len - 3, &w->ptr[3], err);
+  if (r < 0) {
+    /* Prefix the target's own message with its name. */
+    struct mapper_err e2;
+    mapper_err_set (&e2, "%s: %s", ti->type->name, err->msg);
+    *err = e2;
+  }
+  return r;
+}
+
+int
+table_parse (const char *text, const char *origin, struct table **out,
+             struct mapper_err *err)
+{
+  CLEANUP_FREE char *copy = strdup (text);
+  string_vector words = empty_vector;
+  target_vector targets = empty_vector;
+  struct table *t;
+  char *line, *next;
+  size_t lineno = 0;
+  uint64_t expect = 0;
+  int r = 0;
+
+  t = calloc (1, sizeof *t);
+  if (t == NULL || copy == NULL || (t->origin = strdup (origin)) == NULL) {
+    free (t);
+    mapper_err_set (err, "%s: out of memory", origin);
+    return -ENOMEM;
+  }
+
+  for (line = copy; line; line = next) {
+    struct target ti;
+
+    lineno++;
+    next = strchr (line, '\n');
+    if (next)
+      *next++ = '\0';
+    if ((r = split_words (line, &words)) < 0) {
+      mapper_err_set (err, "out of memory");
+      goto err_line;
+    }
+    if (words.len == 0)
+      continue;
+    if ((r = parse_line (t, expect, &words, &ti, err)) < 0)
+      goto err_line;
+    if (target_vector_append (&targets, ti) == -1) {
+      if (ti.type->dtr)
+        ti.type->dtr (&ti);
+      r = -ENOMEM;
+      mapper_err_set (err, "out of memory");
+      goto err_line;
+    }
+    expect = ti.begin + ti.len;
+  }
+
+  if (targets.len == 0) {
+    mapper_err_set (err, "%s: table is empty (no targets)", origin);
+    r = -EINVAL;
+    goto err;
+  }
+  t->targets = targets.ptr;
+  t->nr_targets = targets.len;
+  targets = (target_vector) empty_vector;
+  t->ends = malloc (t->nr_targets * sizeof *t->ends);
+  if (t->ends == NULL) {
+    mapper_err_set (err, "%s: out of memory", origin);
+    r = -ENOMEM;
+    goto err;
+  }
+  for (size_t i = 0; i < t->nr_targets; i++)
+    t->ends[i] = t->targets[i].begin + t->targets[i].len;
+  table_merge_caps (t);
+  string_vector_reset (&words);
+  *out = t;
+  return 0;
+
+ err_line:
+  {
+    struct mapper_err e2;
+    mapper_err_set (&e2, "%s:%zu: %s", origin, lineno, err->msg);
+    *err = e2;
+  }
+ err:
+  for (size_t i = 0; i < targets.len; i++)
+    if (targets.ptr[i].type->dtr)
+      targets.ptr[i].type->dtr (&targets.ptr[i]);
+  target_vector_reset (&targets);
+  string_vector_reset (&words);
+  table_free (t);
+  return r;
+}
+
+int
+table_parse_file (const char *path, struct table **out,
+                  struct mapper_err *err)
+{
+  CLEANUP_FREE char *text = NULL;
+  size_t size = 0;
+  FILE *fp;
+  int r;
+
+  fp = fopen (path, "re");
+  if (fp == NULL) {
+    r = -errno;
+    mapper_err_set (err, "%s: %s", path, strerror (errno));
+    return r;
+  }
+  {
+    FILE *mem = open_memstream (&text, &size);
+    char buf[65536];
+    size_t n;
+
+    if (mem == NULL) {
+      fclose (fp);
+      mapper_err_set (err, "%s: out of memory", path);
+      return -ENOMEM;
+    }
+    while ((n = fread (buf, 1, sizeof buf, fp)) > 0)
+      fwrite (buf, 1, n, mem);
+    r = ferror (fp) ? -errno : 0;
+    fclose (fp);
+    if (fclose (mem) == EOF && r == 0)
+      r = -ENOMEM;
+    if (r < 0) {
+      mapper_err_set (err, "%s: read: %s", path, strerror (-r));
+      return r;
+    }
+  }
+  if (memchr (text, '\0', size) != NULL) {
+    mapper_err_set (err, "%s: table contains a NUL byte", path);
+    return -EINVAL;
+  }
+  return table_parse (text, path, out, err);
+}
+
+size_t
+table_find_target (const struct table *t, uint64_t off)
+{
+  size_t lo = 0, hi = t->nr_targets - 1;
+
+  /* First target whose end is beyond off. */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (t->ends[mid] > off)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+const struct mapper_caps *
+table_caps (const struct table *t)
+{
+  return &t->caps;
+}
+
+size_t
+table_nr_targets (const struct table *t)
+{
+  return t->nr_targets;
+}
+
+size_t
+table_nr_backends (const struct table *t)
+{
+  return t->backends.len;
+}
+
+/* snprintf into buf+used without overrunning; returns new used. */
+static size_t
+append (char *buf, size_t len, size_t used, const char *fmt, ...)
+  __attribute__ ((format (printf, 4, 5)));
+static size_t
+append (char *buf, size_t len, size_t used, const char *fmt, ...)
+{
+  va_list ap;
+  int n;
+
+  va_start (ap, fmt);
+  n = vsnprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
+                 fmt, ap);
+  va_end (ap);
+  return used + (n > 0 ? n : 0);
+}
+
+size_t
+table_summary (const struct table *t, char *buf, size_t len)
+{
+  size_t used = 0;
+
+  if (len)
+    buf[0] = '\0';
+  for (size_t i = 0; i < ARRAY_SIZE (target_types); i++) {
+    size_t n = 0;
+    for (size_t j = 0; j < t->nr_targets; j++)
+      n += t->targets[j].type == target_types[i];
+    if (n)
+      used = append (buf, len, used, "%s%zu %s", used ? ", " : "", n,
+                     target_types[i]->name);
+  }
+  return used;
+}
+
+size_t
+table_format (const struct table *t, char *buf, size_t len)
+{
+  size_t used = 0;
+
+  if (len)
+    buf[0] = '\0';
+  for (size_t i = 0; i < t->nr_targets; i++) {
+    struct target *ti = &t->targets[i];
+    used = append (buf, len, used, "%" PRIu64 " %" PRIu64 " %s",
+                   ti->begin >> MAPPER_SECTOR_SHIFT,
+                   ti->len >> MAPPER_SECTOR_SHIFT, ti->type->name);
+    if (ti->type->status) {
+      size_t n;
+      if (used < len) {
+        buf[used] = used + 1 < len ? ' ' : '\0';
+        n = ti->type->status (ti, STATUSTYPE_TABLE,
+                              used + 1 < len ? buf + used + 1 : NULL,
+                              used + 1 < len ? len - used - 1 : 0);
+      }
+      else
+        n = ti->type->status (ti, STATUSTYPE_TABLE, NULL, 0);
+      if (n > 0)
+        used += 1 + n;
+      else if (used < len)
+        buf[used] = '\0';
+    }
+    used = append (buf, len, used, "\n");
+  }
+  return used;
+}

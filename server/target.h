@@ -1,0 +1,97 @@
+/* Targets in the device-mapper shape: the constructor parses and validates
+ * everything, map() is arithmetic that emits clones pointing into the
+ * caller's buffer, status() reprints the constructor line.
+ */
+#ifndef NBDMAPPER_TARGET_H
+#define NBDMAPPER_TARGET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+struct io_req;
+struct backend;
+struct extent_walk;
+
+struct target {
+  /* Read-only after the table is built. */
+  const struct target_type *type;
+  struct table *table;          /* owner, for target_get_backend */
+  uint64_t begin, len;          /* bytes, in device coordinates */
+  void *private;                /* the target's own state */
+};
+
+enum status_type { STATUSTYPE_INFO, STATUSTYPE_TABLE };
+
+struct target_type {
+  const char *name;
+  unsigned version[3];
+  /* Parse and validate argv; 0 or -errno with err filled (the message
+   * names the argument; the table adds file and line).
+   */
+  int (*ctr) (struct target *ti, unsigned argc, char **argv,
+              struct mapper_err *err);
+  void (*dtr) (struct target *ti);
+  /* Map [off, off+len) (target-relative bytes) of request req: call
+   * io_emit() for each piece, with buf advanced (never copied).
+   * 0 or -errno.
+   */
+  int (*map) (struct target *ti, struct io_req *req, uint64_t off,
+              uint64_t len, char *buf);
+  /* Extents of [off, off+len) (target-relative), via extent_walk_*. */
+  int (*extents) (struct target *ti, struct extent_walk *w, uint64_t off,
+                  uint64_t len);
+  /* Print status (INFO) or the constructor arguments (TABLE) into buf;
+   * return bytes needed (snprintf style).
+   */
+  size_t (*status) (struct target *ti, enum status_type type,
+                    char *buf, size_t len);
+  /* Call fn for each backend the target uses. */
+  int (*iterate_backends) (struct target *ti,
+                           int (*fn) (struct target *ti, struct backend *be,
+                                      void *data),
+                           void *data);
+};
+
+/* targets/ */
+extern const struct target_type linear_target;
+extern const struct target_type striped_target;
+extern const struct target_type zero_target;
+extern const struct target_type error_target;
+
+/* table.c: for constructors.  Open (or share) the backend named by spec,
+ * check that [start, start+len) bytes lies inside it, and register it in
+ * the table's backend set.  The table holds the reference.
+ */
+int target_get_backend (struct target *ti, const char *spec,
+                        uint64_t start, uint64_t len,
+                        struct backend **out, struct mapper_err *err);
+
+/* util: strict number parsing for constructors ("%llu%c" style). */
+int parse_u64 (const char *s, uint64_t *out);
+int parse_sectors (const char *s, uint64_t *bytes);  /* sectors -> bytes */
+
+/* The client buffer at delta, or NULL for requests that carry none. */
+static inline char *
+buf_at (char *buf, uint64_t delta)
+{
+  return buf ? buf + delta : NULL;
+}
+
+/* io.c: for map(). */
+int io_emit (struct io_req *req, struct backend *be, uint64_t offset,
+             uint64_t len, char *buf);
+bool io_req_is_read (const struct io_req *req);
+/* io.c: for extents(); coordinates are target-relative.  Return 0 or
+ * -errno; after either, stop when extent_walk_done() says so.
+ */
+int extent_walk_add (struct extent_walk *w, struct target *ti,
+                     uint64_t off, uint64_t len, uint32_t type);
+int extent_walk_backend (struct extent_walk *w, struct target *ti,
+                         uint64_t off, struct backend *be,
+                         uint64_t be_off, uint64_t len);
+bool extent_walk_done (const struct extent_walk *w);
+
+#endif /* NBDMAPPER_TARGET_H */

@@ -1,0 +1,51 @@
+/* zero: reads return zeros, writes are dropped (dm-zero). */
+#include <config.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+static int
+zero_ctr (struct target *ti, unsigned argc, char **argv,
+          struct mapper_err *err)
+{
+  if (argc != 0) {
+    mapper_err_set (err, "takes no arguments, got %u", argc);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+static int
+zero_map (struct target *ti, struct io_req *req, uint64_t off,
+          uint64_t len, char *buf)
+{
+  if (io_req_is_read (req))
+    memset (buf, 0, len);
+  return 0;
+}
+
+static int
+zero_extents (struct target *ti, struct extent_walk *w, uint64_t off,
+              uint64_t len)
+{
+  return extent_walk_add (w, ti, off, len,
+                          MAPPER_EXTENT_HOLE | MAPPER_EXTENT_ZERO);
+}
+
+static size_t
+zero_status (struct target *ti, enum status_type type, char *buf, size_t len)
+{
+  return snprintf (buf, len, "%s", "");
+}
+
+const struct target_type zero_target = {
+  .name = "zero",
+  .version = { 1, 2, 0 },
+  .ctr = zero_ctr,
+  .map = zero_map,
+  .extents = zero_extents,
+  .status = zero_status,
+};

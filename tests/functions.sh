@@ -1,0 +1,77 @@
+# Sourced by every shell test.  Run from automake (tests/Makefile.am sets
+# top_srcdir, top_builddir, PLUGIN) or by hand from the build tree.
+set -e
+set -u
+
+# nbdsh runs "python3 -m nbd": only Debian's python3 has the module.
+PATH=/usr/bin:/usr/sbin:/bin:/sbin:$PATH
+export PATH
+
+: "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
+: "${top_builddir:=$top_srcdir}"
+: "${PLUGIN:=$top_builddir/plugins/mapper/.libs/nbdkit-mapper-plugin.so}"
+: "${SANITIZER_LIBASAN:=}"
+
+# requires CMD [ARGS...]: skip the test (exit 77) unless CMD ARGS succeeds.
+requires ()
+{
+    if ! "$@" >/dev/null 2>&1; then
+        echo "$0: skipped: requires $*"
+        exit 77
+    fi
+}
+
+# A scratch directory removed at exit; cleanup_fn CMD... adds cleanups
+# (run in reverse order, before the directory goes).
+_cleanups=()
+cleanup_fn () { _cleanups+=("$*"); }
+_run_cleanups ()
+{
+    local status=$?
+    local i
+    for (( i=${#_cleanups[@]}-1; i>=0; i-- )); do
+        eval "${_cleanups[$i]}" || :
+    done
+    rm -rf "$tmpdir"
+    exit $status
+}
+tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
+trap _run_cleanups EXIT INT TERM
+
+# mapper ARGS...: run nbdkit with the freshly built plugin.  ARGS are the
+# nbdkit options then the plugin parameters, e.g.
+#   mapper -U - "$tmpdir/a.table" --run 'nbdinfo "$uri"'
+# Under a sanitizer build, the ASan runtime is preloaded into nbdkit (which is
+# not itself instrumented); children of --run inherit it harmlessly.
+mapper ()
+{
+    local opts=() a
+    # Split nbdkit options (before the first parameter) from plugin params:
+    # nbdkit accepts them interleaved, but the plugin path must come first
+    # after the options, so we simply put it after every "-x" style option.
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            -U|-t|-p|-P|-e|-D|-i|--run|--filter|--tls|--tls-psk|--tls-certificates|--log|--exportname|--selinux-label|--user|--group|--mask-handshake|--threads|--unix|--port|--pidfile|--ipaddr)
+                opts+=("$1" "$2"); shift 2 ;;
+            -*) opts+=("$1"); shift ;;
+            *) break ;;
+        esac
+    done
+    if [ -n "$SANITIZER_LIBASAN" ]; then
+        LD_PRELOAD="$SANITIZER_LIBASAN" \
+        ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
+            nbdkit "${opts[@]}" "$PLUGIN" "$@"
+    else
+        nbdkit "${opts[@]}" "$PLUGIN" "$@"
+    fi
+}
+
+# mkfile NAME SIZE: a sparse backing file in the scratch dir; prints its path.
+mkfile ()
+{
+    truncate -s "$2" "$tmpdir/$1"
+    echo "$tmpdir/$1"
+}
+
+# die MSG: fail the test with a message.
+die () { echo "$0: FAIL: $*" >&2; exit 1; }
