@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -21,29 +22,40 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&registry_lock);
   CLEANUP_FREE char *canonical = NULL;
+  CLEANUP_FREE char *key = NULL;
   struct backend *be;
+  struct stat st;
   int r;
 
   if (*spec == '\0') {
     mapper_err_set (err, "empty device path");
     return -EINVAL;
   }
+  /* Local files are the same backend when they are the same inode, by
+   * whatever path (symlink, hard link, another device node).
+   */
   canonical = realpath (spec, NULL);
-  if (canonical == NULL) {
+  if (canonical == NULL || stat (canonical, &st) == -1) {
     r = -errno;
     mapper_err_set (err, "%s: %s", spec, strerror (errno));
     return r;
   }
+  if ((r = file_backend_key (&st, &key)) < 0) {
+    mapper_err_set (err, "%s: not a regular file or block device", spec);
+    return r;
+  }
   for (be = registry; be; be = be->next)
-    if (strcmp (be->name, canonical) == 0) {
+    if (strcmp (be->key, key) == 0) {
       be->refs++;
       *out = be;
       return 0;
     }
 
-  r = file_backend_open (spec, canonical, &be, err);
+  r = file_backend_open (spec, canonical, &st, &be, err);
   if (r < 0)
     return r;
+  be->key = key;
+  key = NULL;
   be->refs = 1;
   be->next = registry;
   registry = be;
@@ -62,5 +74,6 @@ backend_put (struct backend *be)
   for (p = &registry; *p != be; p = &(*p)->next)
     ;
   *p = be->next;
+  free (be->key);
   be->ops->close (be);
 }

@@ -23,13 +23,18 @@ struct backend_ops {
    */
   int (*extents) (struct backend *be, uint64_t offset, uint64_t len,
                   bool req_one, mapper_extent_fn fn, void *opaque);
+  /* The backend's current size in bytes: tables are validated against
+   * it at load (a file may have grown or shrunk since it was opened).
+   */
+  int (*get_size) (struct backend *be, uint64_t *size);
   void (*close) (struct backend *be);
 };
 
 struct backend {
   /* Read-only after open. */
   const struct backend_ops *ops;
-  char *name;                   /* canonical: realpath for files */
+  char *name;                   /* for people: realpath for files */
+  char *key;                    /* identity: "file:DEV:INO", "blk:RDEV" */
   struct mapper_caps caps;      /* size, what it supports, block sizes */
 
   /* Protected by the backend registry lock (backend.c). */
@@ -43,7 +48,10 @@ int backend_get (const char *spec, struct backend **out,
 void backend_put (struct backend *be);
 
 /* backends/file.c */
+struct stat;
+int file_backend_key (const struct stat *st, char **key);
 int file_backend_open (const char *path, const char *canonical,
-                       struct backend **out, struct mapper_err *err);
+                       const struct stat *st, struct backend **out,
+                       struct mapper_err *err);
 
 #endif /* NBDMAPPER_BACKEND_H */

@@ -67,19 +67,23 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
 {
   struct table *t = ti->table;
   struct backend *be;
-  uint64_t end;
+  uint64_t end, size;
   size_t i;
   int r;
 
   r = backend_get (spec, &be, err);
   if (r < 0)
     return r;
-  if (__builtin_add_overflow (start, len, &end) || end > be->caps.size) {
+  if ((r = be->ops->get_size (be, &size)) < 0) {
+    mapper_err_set (err, "%s: cannot get size: %s", spec, strerror (-r));
+    backend_put (be);
+    return r;
+  }
+  if (__builtin_add_overflow (start, len, &end) || end > size) {
     mapper_err_set (err, "%s: area (offset %" PRIu64 " + length %" PRIu64
                     " sectors) beyond the end of the device (%" PRIu64
                     " sectors)", spec, start >> MAPPER_SECTOR_SHIFT,
-                    len >> MAPPER_SECTOR_SHIFT,
-                    be->caps.size >> MAPPER_SECTOR_SHIFT);
+                    len >> MAPPER_SECTOR_SHIFT, size >> MAPPER_SECTOR_SHIFT);
     backend_put (be);
     return -EINVAL;
   }

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -240,6 +242,22 @@ file_extents (struct backend *be, uint64_t offset, uint64_t len,
   return 0;
 }
 
+static int
+file_get_size (struct backend *be, uint64_t *size)
+{
+  struct file_backend *f = FB (be);
+  struct stat st;
+
+#ifdef BLKGETSIZE64
+  if (f->is_block)
+    return ioctl (f->fd, BLKGETSIZE64, size) == -1 ? -errno : 0;
+#endif
+  if (fstat (f->fd, &st) == -1)
+    return -errno;
+  *size = st.st_size;
+  return 0;
+}
+
 static void
 file_close (struct backend *be)
 {
@@ -254,18 +272,39 @@ static const struct backend_ops file_ops = {
   .kind = "file",
   .submit = file_submit,
   .extents = file_extents,
+  .get_size = file_get_size,
   .close = file_close,
 };
 
 int
+file_backend_key (const struct stat *st, char **key)
+{
+  int r;
+
+  if (S_ISBLK (st->st_mode))
+    r = asprintf (key, "blk:%ju", (uintmax_t) st->st_rdev);
+  else if (S_ISREG (st->st_mode))
+    r = asprintf (key, "file:%ju:%ju", (uintmax_t) st->st_dev,
+                  (uintmax_t) st->st_ino);
+  else
+    return -EINVAL;
+  return r == -1 ? -ENOMEM : 0;
+}
+
+int
 file_backend_open (const char *path, const char *canonical,
-                   struct backend **out, struct mapper_err *err)
+                   const struct stat *st0, struct backend **out,
+                   struct mapper_err *err)
 {
   struct file_backend *f;
   struct stat st;
   bool readonly = false;
   int fd, r;
 
+  if (!S_ISREG (st0->st_mode) && !S_ISBLK (st0->st_mode)) {
+    mapper_err_set (err, "%s: not a regular file or block device", path);
+    return -EINVAL;
+  }
   fd = open (canonical, O_RDWR | O_CLOEXEC);
   if (fd == -1 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
     fd = open (canonical, O_RDONLY | O_CLOEXEC);
