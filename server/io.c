@@ -373,8 +373,14 @@ device_extents (struct device *dev, uint32_t count, uint64_t offset,
     uint64_t n = MIN (w.end - w.next, ti->len - toff);
 
     r = ti->type->extents (ti, &w, toff, n);
-    if (r < 0)
+    if (r < 0) {
+      /* Report what is known up to a failing target (an error target,
+       * say); fail only when not even the first byte is covered.
+       */
+      if (w.next > offset)
+        r = 0;
       break;
+    }
   }
   device_exit (dev);
   return r;

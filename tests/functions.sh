@@ -75,3 +75,22 @@ mkfile ()
 
 # die MSG: fail the test with a message.
 die () { echo "$0: FAIL: $*" >&2; exit 1; }
+
+# --- generic helpers added for the shell tests ----------------------------
+
+# fill_random FILE SIZE [SEED]: (over)write FILE with SIZE deterministic
+# pseudo-random bytes (the same SEED always gives the same bytes).
+fill_random ()
+{
+    python3 - "$1" "$2" "${3:-1}" <<'PYEOF'
+import random, sys
+path, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(seed)
+with open(path, "wb") as f:
+    left = size
+    while left > 0:
+        n = min(left, 1 << 20)
+        f.write(rng.randbytes(n))
+        left -= n
+PYEOF
+}

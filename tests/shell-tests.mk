@@ -1,1 +1,17 @@
-SHELL_TESTS =
+# Integration tests: shell scripts driving a captive nbdkit with real NBD
+# clients (nbdinfo, nbdsh/python3-libnbd, qemu-img, nbdcopy, fio, nbdfuse).
+# Each may exit 77 to skip when a tool or a privilege is missing.
+SHELL_TESTS = \
+	test-info.sh \
+	test-bad-tables.sh \
+	test-rw-edges.sh \
+	test-error-target.sh \
+	test-beyond-end.sh \
+	test-large-requests.sh \
+	test-many-targets.sh \
+	test-debug-io.sh \
+	test-shared-backing.sh \
+	test-blockdev.sh \
+	test-qemu.sh \
+	test-fio.sh \
+	test-ext4.sh

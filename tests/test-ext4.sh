@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# A real filesystem on a striped device: nbdfuse exposes the device as a
+# file, a loop device turns it into a block device; mkfs.ext4, mount, write
+# files, umount, fsck clean, remount and compare checksums; then a fresh
+# server (nothing cached) mounts it again and fsck is still clean.
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+
+requires nbdkit --version
+requires nbdfuse --version
+requires fusermount3 --version
+requires test -c /dev/fuse
+requires losetup --version
+requires mkfs.ext4 -V
+requires fsck.ext4 -V
+requires mount --version
+requires sha256sum --version
+
+# Preflight, independent of the plugin: can we attach a loop device and
+# mount ext4 here at all (containers often cannot)?
+truncate -s 8M "$tmpdir/pre.img"
+mkfs.ext4 -q -F "$tmpdir/pre.img" >/dev/null 2>&1 || {
+    echo "$0: skipped: mkfs.ext4 on a file fails"; exit 77; }
+mkdir "$tmpdir/pre"
+if ! preloop=$(losetup -f --show "$tmpdir/pre.img" 2>/dev/null); then
+    echo "$0: skipped: cannot attach a loop device"; exit 77
+fi
+if ! mount -t ext4 "$preloop" "$tmpdir/pre" 2>/dev/null; then
+    losetup -d "$preloop"
+    echo "$0: skipped: cannot mount ext4"; exit 77
+fi
+umount "$tmpdir/pre"
+losetup -d "$preloop"
+# ... and can nbdfuse mount at all (with nbdkit's own memory plugin)?
+if nbdkit memory --dump-plugin >/dev/null 2>&1; then
+    mkdir "$tmpdir/prefuse"
+    pf=$tmpdir/prefuse
+    if ! nbdkit -U - memory 1M --run "
+            nbdfuse '$pf' \"\$uri\" & pid=\$!
+            for i in \$(seq 100); do
+                [ -e '$pf/nbd' ] && break; sleep 0.1
+            done
+            ok=0; [ -e '$pf/nbd' ] && ok=1
+            fusermount3 -u '$pf' 2>/dev/null || kill \$pid 2>/dev/null
+            wait \$pid 2>/dev/null
+            [ \$ok = 1 ]" >/dev/null 2>&1; then
+        grep -q " $tmpdir/prefuse " /proc/mounts &&
+            { fusermount3 -u -z "$tmpdir/prefuse" || umount -l "$tmpdir/prefuse"; }
+        echo "$0: skipped: nbdfuse cannot mount here"; exit 77
+    fi
+fi
+
+# The device: 3 stripes, chunk 24 sectors (12K, not a power of two), then
+# a linear tail; about 97M.
+for f in s0 s1 s2 t; do mkfile $f.img 40M >/dev/null; done
+nchunks=2731
+len=$(( 3 * 24 * nchunks ))
+cat > "$tmpdir/fs.table" <<EOF
+0 $len striped 3 24 $tmpdir/s0.img 0 $tmpdir/s1.img 8 $tmpdir/s2.img 1
+$len 2048 linear $tmpdir/t.img 5
+EOF
+
+mkdir "$tmpdir/fuse" "$tmpdir/mnt"
+
+# Undo everything, in reverse order; safe to run more than once and when
+# only some of it was set up.  Never hangs on a dead FUSE mount.
+ext4_cleanup ()
+{
+    if mountpoint -q "$tmpdir/mnt" 2>/dev/null; then
+        umount "$tmpdir/mnt" 2>/dev/null || umount -l "$tmpdir/mnt" || :
+    fi
+    if [ -s "$tmpdir/loopdev" ]; then
+        losetup -d "$(cat "$tmpdir/loopdev")" 2>/dev/null || :
+        rm -f "$tmpdir/loopdev"
+    fi
+    if grep -q " $tmpdir/fuse " /proc/mounts 2>/dev/null; then
+        fusermount3 -u "$tmpdir/fuse" 2>/dev/null ||
+            fusermount3 -u -z "$tmpdir/fuse" 2>/dev/null ||
+            umount -l "$tmpdir/fuse" 2>/dev/null || :
+    fi
+    if [ -s "$tmpdir/fusepid" ]; then
+        kill "$(cat "$tmpdir/fusepid")" 2>/dev/null || :
+        rm -f "$tmpdir/fusepid"
+    fi
+}
+cleanup_fn ext4_cleanup
+
+# The script run by nbdkit --run: PHASE is "create" or "check".
+cat > "$tmpdir/phase.sh" <<'EOF'
+set -e
+set -u
+tmpdir=$1 uri=$2 phase=$3
+source "$tmpdir/cleanup.sh"
+trap ext4_cleanup EXIT
+
+nbdfuse "$tmpdir/fuse" "$uri" &
+echo $! > "$tmpdir/fusepid"
+for i in $(seq 300); do
+    [ -e "$tmpdir/fuse/nbd" ] && break
+    sleep 0.1
+done
+[ -e "$tmpdir/fuse/nbd" ] || { echo "nbdfuse did not come up"; exit 1; }
+[ "$(stat -c %s "$tmpdir/fuse/nbd")" -eq "$4" ] ||
+    { echo "FUSE file has the wrong size"; exit 1; }
+
+loop=$(losetup -f --show "$tmpdir/fuse/nbd")
+echo "$loop" > "$tmpdir/loopdev"
+echo "loop device: $loop"
+
+fsck_clean ()
+{
+    local rc=0
+    fsck.ext4 -fn "$loop" > "$tmpdir/fsck.out" 2>&1 || rc=$?
+    cat "$tmpdir/fsck.out"
+    [ $rc -eq 0 ] || { echo "fsck.ext4 -fn exit $rc"; exit 1; }
+}
+
+sums ()
+{
+    (cd "$tmpdir/mnt" && find . -type f -print0 | sort -z |
+         xargs -0 sha256sum)
+}
+
+if [ "$phase" = create ]; then
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
+    fsck_clean
+    mount -t ext4 "$loop" "$tmpdir/mnt"
+    # A big file, many small files of odd sizes, nested directories, a
+    # sparse file and some renames and deletes.
+    dd if=/dev/urandom of="$tmpdir/mnt/big" bs=1M count=24 status=none
+    mkdir -p "$tmpdir/mnt/d1/d2/d3"
+    python3 - "$tmpdir/mnt" <<'PYEOF'
+import os, random, sys
+root = sys.argv[1]
+rng = random.Random(7)
+for i in range(300):
+    d = rng.choice(["", "d1", "d1/d2", "d1/d2/d3"])
+    with open(os.path.join(root, d, "f%03d" % i), "wb") as f:
+        f.write(rng.randbytes(rng.choice([1, 511, 4095, 4097, 12289,
+                                          rng.randrange(1, 200000)])))
+with open(os.path.join(root, "sparse"), "wb") as f:
+    for off in (0, 5 << 20, 11 << 20):
+        f.seek(off)
+        f.write(rng.randbytes(70000))
+for i in range(0, 300, 7):
+    for d in ["", "d1", "d1/d2", "d1/d2/d3"]:
+        p = os.path.join(root, d, "f%03d" % i)
+        if os.path.exists(p):
+            os.rename(p, p + ".renamed")
+for i in range(3, 300, 11):
+    for d in ["", "d1", "d1/d2", "d1/d2/d3"]:
+        p = os.path.join(root, d, "f%03d" % i)
+        if os.path.exists(p):
+            os.unlink(p)
+PYEOF
+    sums > "$tmpdir/sums"
+    sync
+    umount "$tmpdir/mnt"
+    fsck_clean
+    mount -t ext4 "$loop" "$tmpdir/mnt"
+    sums > "$tmpdir/sums2"
+    cmp "$tmpdir/sums" "$tmpdir/sums2" ||
+        { diff "$tmpdir/sums" "$tmpdir/sums2" | head; exit 1; }
+    # Overwrite part of the big file in place, and trim free space.
+    dd if=/dev/urandom of="$tmpdir/mnt/big" bs=4k count=300 seek=1000 \
+       conv=notrunc status=none
+    rm -f "$tmpdir/mnt/d1/d2/f00"*
+    fstrim -v "$tmpdir/mnt" 2>/dev/null || :
+    sums > "$tmpdir/sums"
+    umount "$tmpdir/mnt"
+    fsck_clean
+else
+    fsck_clean
+    mount -t ext4 -o ro "$loop" "$tmpdir/mnt"
+    sums > "$tmpdir/sums3"
+    cmp "$tmpdir/sums" "$tmpdir/sums3" ||
+        { diff "$tmpdir/sums" "$tmpdir/sums3" | head; exit 1; }
+    echo "$(wc -l < "$tmpdir/sums3") files verified after restart"
+    umount "$tmpdir/mnt"
+fi
+EOF
+declare -f ext4_cleanup > "$tmpdir/cleanup.sh"
+echo "tmpdir=$(printf %q "$tmpdir")" >> "$tmpdir/cleanup.sh"
+
+size=$(( (len + 2048) * 512 ))
+for phase in create check; do
+    echo "=== $phase"
+    mapper -U - "$tmpdir/fs.table" \
+        --run "bash '$tmpdir/phase.sh' '$tmpdir' \"\$uri\" $phase $size" ||
+        die "phase $phase failed"
+    ext4_cleanup
+done
+
+echo "$0: ok"
