@@ -56,6 +56,7 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
     return r;
   be->key = key;
   key = NULL;
+  backend_flush_init (be);
   be->refs = 1;
   be->next = registry;
   registry = be;
@@ -75,5 +76,6 @@ backend_put (struct backend *be)
     ;
   *p = be->next;
   free (be->key);
+  backend_flush_destroy (be);
   be->ops->close (be);
 }

@@ -7,6 +7,8 @@
 #ifndef NBDMAPPER_BACKEND_H
 #define NBDMAPPER_BACKEND_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -40,7 +42,31 @@ struct backend {
   /* Protected by the backend registry lock (backend.c). */
   unsigned refs;
   struct backend *next;
+
+  /* Flush bookkeeping (flush.c).  write_gen counts completed writes
+   * (write, zero, trim without native FUA); a flush that starts when
+   * write_gen is G makes every write counted in G durable.
+   */
+  _Atomic uint64_t write_gen;
+  pthread_mutex_t flush_lock;   /* protects the fields below */
+  pthread_cond_t flush_cond;    /* a flush finished */
+  bool flush_running;
+  uint64_t running_gen;         /* write_gen when the running flush began */
+  uint64_t running_seq;         /* its number */
+  uint64_t done_seq;            /* number of the last finished flush */
+  uint64_t failed_seq;          /* number of the last failed flush */
+  uint64_t flushed_gen;         /* covered by the last good flush */
+  bool lost_writes;             /* fail the next flush with EIO, once */
+  uint64_t nr_flushes;          /* flushes sent to the backend */
 };
+
+/* flush.c */
+void backend_flush_init (struct backend *be);
+void backend_flush_destroy (struct backend *be);
+/* A connection to the backend dropped: acknowledged writes that were not
+ * flushed may be gone, so the next flush covering it fails with EIO.
+ */
+void backend_writes_lost (struct backend *be);
 
 /* backend.c: the registry. */
 int backend_get (const char *spec, struct backend **out,

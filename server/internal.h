@@ -40,6 +40,7 @@ struct clone {
   char *buf;
   uint32_t flags;               /* MAPPER_FUA, MAPPER_MAY_TRIM, ... */
   enum io_op op;
+  uint64_t seq;                 /* IO_FLUSH: the backend flush's number */
 };
 
 /* A request in flight: lives on the submitting worker's stack.  Clone
@@ -63,8 +64,19 @@ void mapper_log_io_req (const char *devname, const struct io_req *req,
 
 /* io.c */
 void clone_done (struct clone *c, int error);  /* error: 0 or -errno */
-/* Flush every backend in bes[0..n) once, in parallel; first error. */
+void io_req_init (struct io_req *req, enum io_op op, uint32_t flags);
+struct clone *io_req_new_clone (struct io_req *req);
+int io_req_run (struct io_req *req);
+void io_req_release (struct io_req *req);
+
+/* flush.c */
+/* Make every write completed on bes[0..n) so far durable: at most one
+ * backend flush each, in parallel, shared with concurrent callers, none
+ * for a clean backend.  0 or the first -errno.
+ */
 int io_flush_backends (struct backend *const *bes, size_t n);
+void flush_note_write (struct clone *c);
+void flush_end (struct backend *be, uint64_t seq, int error);
 
 /* table.c */
 DEFINE_VECTOR_TYPE (backend_vector, struct backend *);

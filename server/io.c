@@ -22,7 +22,7 @@
  */
 #define MAX_EXTENTS 4096
 
-static void
+void
 io_req_init (struct io_req *req, enum io_op op, uint32_t flags)
 {
   req->op = op;
@@ -34,7 +34,7 @@ io_req_init (struct io_req *req, enum io_op op, uint32_t flags)
   req->cap = IO_INLINE_CLONES;
 }
 
-static void
+void
 io_req_release (struct io_req *req)
 {
   if (req->clones != req->inline_clones)
@@ -47,7 +47,7 @@ io_req_is_read (const struct io_req *req)
   return req->op == IO_READ;
 }
 
-static struct clone *
+struct clone *
 io_req_new_clone (struct io_req *req)
 {
   if (req->nr == req->cap) {
@@ -121,6 +121,18 @@ clone_done (struct clone *c, int error)
     assert (error < 0);
     atomic_compare_exchange_strong (&req->error, &expected, error);
   }
+  switch (c->op) {
+  case IO_WRITE: case IO_ZERO: case IO_TRIM:
+    if (error || !(c->flags & MAPPER_FUA))
+      flush_note_write (c);
+    break;
+  case IO_FLUSH:
+    if (c->seq)
+      flush_end (c->be, c->seq, error);
+    break;
+  case IO_READ:
+    break;
+  }
   /* After the decrement req may be gone (the waiter returns as soon as it
    * sees 0); the wake on its address is then at worst spurious.
    */
@@ -129,7 +141,7 @@ clone_done (struct clone *c, int error)
 }
 
 /* Issue every clone, then wait for all of them; 0 or the first -errno. */
-static int
+int
 io_req_run (struct io_req *req)
 {
   int v;
@@ -143,26 +155,6 @@ io_req_run (struct io_req *req)
     while ((v = atomic_load (&req->pending)) != 0)
       futex_wait (&req->pending, v);
   return atomic_load (&req->error);
-}
-
-int
-io_flush_backends (struct backend *const *bes, size_t n)
-{
-  struct io_req req;
-  int r = 0;
-
-  io_req_init (&req, IO_FLUSH, 0);
-  for (size_t i = 0; i < n && r == 0; i++) {
-    struct clone *c = io_req_new_clone (&req);
-    if (c == NULL)
-      r = -ENOMEM;
-    else
-      *c = (struct clone) { .req = &req, .be = bes[i], .op = IO_FLUSH };
-  }
-  if (r == 0)
-    r = io_req_run (&req);
-  io_req_release (&req);
-  return r;
 }
 
 /* FUA on backends without native FUA: flush each touched backend once. */

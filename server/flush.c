@@ -1,0 +1,204 @@
+/* Flush bookkeeping: one flush per distinct backend, skipped when the
+ * backend is clean, shared between concurrent flushes from any number of
+ * connections, and never reported durable when it may not be.
+ *
+ * Per backend, write_gen counts completed writes.  A flush request that
+ * sees write_gen == T needs a backend flush that *started* when write_gen
+ * was >= T to have finished successfully:
+ *   - flushed_gen >= T: clean, nothing to do;
+ *   - a flush is running that began at running_gen >= T: join it;
+ *   - a flush is running that began earlier: wait for it, then decide again;
+ *   - otherwise start one.
+ * A failed flush fails everyone who shared it, and the next flush once
+ * more (after a failed fdatasync the kernel may have dropped the dirty
+ * pages: a later flush succeeding says nothing about them).
+ */
+#include <config.h>
+
+#include <assert.h>
+#include <errno.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+void
+backend_flush_init (struct backend *be)
+{
+  atomic_init (&be->write_gen, 0);
+  pthread_mutex_init (&be->flush_lock, NULL);
+  pthread_cond_init (&be->flush_cond, NULL);
+  be->flush_running = false;
+  be->running_gen = be->running_seq = be->done_seq = be->failed_seq = 0;
+  be->flushed_gen = 0;
+  be->lost_writes = false;
+  be->nr_flushes = 0;
+}
+
+void
+backend_flush_destroy (struct backend *be)
+{
+  pthread_cond_destroy (&be->flush_cond);
+  pthread_mutex_destroy (&be->flush_lock);
+}
+
+void
+backend_writes_lost (struct backend *be)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&be->flush_lock);
+
+  if (be->flush_running ||
+      atomic_load (&be->write_gen) != be->flushed_gen)
+    be->lost_writes = true;
+}
+
+/* Called when a write-type clone completes (clone_done). */
+void
+flush_note_write (struct clone *c)
+{
+  /* A write the backend made durable itself (native FUA) dirties
+   * nothing; a failed one may have written part, so it counts.
+   */
+  atomic_fetch_add (&c->be->write_gen, 1);
+}
+
+/* Called when a flush clone completes (clone_done). */
+void
+flush_end (struct backend *be, uint64_t seq, int error)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&be->flush_lock);
+
+  assert (be->flush_running && be->running_seq == seq);
+  be->flush_running = false;
+  be->done_seq = seq;
+  if (error) {
+    be->failed_seq = seq;
+    be->lost_writes = true;
+  }
+  else if (be->running_gen > be->flushed_gen)
+    be->flushed_gen = be->running_gen;
+  pthread_cond_broadcast (&be->flush_cond);
+}
+
+enum flush_plan {
+  PLAN_DECIDE,                  /* not decided yet */
+  PLAN_DONE,                    /* clean, started by us, or failed */
+  PLAN_JOIN,                    /* share the running flush seq */
+  PLAN_WAIT,                    /* wait for seq, then decide again */
+};
+
+struct flush_slot {
+  struct backend *be;
+  uint64_t target;              /* write_gen when the request came */
+  uint64_t seq;
+  enum flush_plan plan;
+};
+
+/* Decide what slot s needs; may add a flush clone to req. */
+static int
+flush_decide (struct flush_slot *s, struct io_req *req)
+{
+  struct backend *be = s->be;
+  struct clone *c;
+
+  pthread_mutex_lock (&be->flush_lock);
+  if (be->lost_writes) {
+    be->lost_writes = false;
+    pthread_mutex_unlock (&be->flush_lock);
+    s->plan = PLAN_DONE;
+    return -EIO;
+  }
+  if (be->flushed_gen >= s->target) {
+    s->plan = PLAN_DONE;
+  }
+  else if (be->flush_running) {
+    s->seq = be->running_seq;
+    s->plan = be->running_gen >= s->target ? PLAN_JOIN : PLAN_WAIT;
+  }
+  else {
+    c = io_req_new_clone (req);
+    if (c == NULL) {
+      pthread_mutex_unlock (&be->flush_lock);
+      s->plan = PLAN_DONE;
+      return -ENOMEM;
+    }
+    be->flush_running = true;
+    be->running_gen = atomic_load (&be->write_gen);
+    be->running_seq = be->done_seq + 1;
+    be->nr_flushes++;
+    *c = (struct clone) {
+      .req = req, .be = be, .op = IO_FLUSH, .seq = be->running_seq,
+    };
+    s->plan = PLAN_DONE;        /* its result comes through req */
+  }
+  pthread_mutex_unlock (&be->flush_lock);
+  return 0;
+}
+
+/* Wait until flush number s->seq has finished; its result. */
+static int
+flush_wait (struct flush_slot *s)
+{
+  struct backend *be = s->be;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&be->flush_lock);
+
+  while (be->done_seq < s->seq)
+    pthread_cond_wait (&be->flush_cond, &be->flush_lock);
+  /* Conservative: a failure of this flush or a later one. */
+  return be->failed_seq >= s->seq ? -EIO : 0;
+}
+
+int
+io_flush_backends (struct backend *const *bes, size_t n)
+{
+  struct flush_slot inline_slots[IO_INLINE_CLONES];
+  struct flush_slot *slots = inline_slots;
+  bool again;
+  size_t i;
+  int r = 0, e;
+
+  if (n > ARRAY_SIZE (inline_slots)) {
+    slots = malloc (n * sizeof *slots);
+    if (slots == NULL)
+      return -ENOMEM;
+  }
+  for (i = 0; i < n; i++)
+    slots[i] = (struct flush_slot) {
+      .be = bes[i], .target = atomic_load (&bes[i]->write_gen),
+      .plan = PLAN_DECIDE,
+    };
+
+  do {
+    struct io_req req;
+
+    /* Start what needs starting, all in parallel, then wait for ours and
+     * for the ones we joined.
+     */
+    io_req_init (&req, IO_FLUSH, 0);
+    for (i = 0; i < n; i++)
+      if (slots[i].plan == PLAN_DECIDE &&
+          (e = flush_decide (&slots[i], &req)) < 0 && r == 0)
+        r = e;
+    e = io_req_run (&req);
+    if (e < 0 && r == 0)
+      r = e;
+    io_req_release (&req);
+
+    again = false;
+    for (i = 0; i < n; i++) {
+      if (slots[i].plan == PLAN_JOIN) {
+        if ((e = flush_wait (&slots[i])) < 0 && r == 0)
+          r = e;
+        slots[i].plan = PLAN_DONE;
+      }
+      else if (slots[i].plan == PLAN_WAIT) {
+        flush_wait (&slots[i]);
+        slots[i].plan = PLAN_DECIDE;
+        again = true;
+      }
+    }
+  } while (again);
+
+  if (slots != inline_slots)
+    free (slots);
+  return r;
+}
