@@ -24,6 +24,18 @@ mapper_version (void)
   return PACKAGE_VERSION;
 }
 
+int
+engine_start (struct mapper_err *err)
+{
+  /* Nothing runs in the background yet: local backends complete inline. */
+  return 0;
+}
+
+void
+engine_stop (void)
+{
+}
+
 void
 mapper_err_set (struct mapper_err *err, const char *fmt, ...)
 {

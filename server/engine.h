@@ -59,6 +59,11 @@ typedef void (*mapper_log_fn) (const char *fmt, ...)
 extern mapper_log_fn mapper_debug;   /* NULL: no debug output */
 extern bool mapper_trace_io;         /* log each request's split */
 const char *mapper_version (void);
+/* Start the engine's threads (call after any fork: nbdkit .after_fork)
+ * and stop them (nbdkit .cleanup).  0 or -errno.
+ */
+int engine_start (struct mapper_err *err);
+void engine_stop (void);
 
 /* table.c */
 int table_parse (const char *text, const char *origin,

@@ -179,6 +179,24 @@ mapper_config_complete (void)
   return 0;
 }
 
+static int
+mapper_after_fork (void)
+{
+  struct mapper_err err = { "" };
+
+  if (engine_start (&err) < 0) {
+    nbdkit_error ("%s", err.msg);
+    return -1;
+  }
+  return 0;
+}
+
+static void
+mapper_cleanup (void)
+{
+  engine_stop ();
+}
+
 static void
 mapper_unload (void)
 {
@@ -429,6 +447,8 @@ static struct nbdkit_plugin plugin = {
   .config             = mapper_config,
   .config_help        = mapper_config_help,
   .config_complete    = mapper_config_complete,
+  .after_fork         = mapper_after_fork,
+  .cleanup            = mapper_cleanup,
   .unload             = mapper_unload,
   .dump_plugin        = mapper_dump_plugin,
 
