@@ -37,7 +37,7 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
   canonical = realpath (spec, NULL);
   if (canonical == NULL || stat (canonical, &st) == -1) {
     r = -errno;
-    mapper_err_set (err, "%s: %s", spec, strerror (errno));
+    mapper_err_set (err, "%s: %s", spec, mapper_strerror (errno));
     return r;
   }
   if ((r = file_backend_key (&st, &key)) < 0) {

@@ -49,6 +49,13 @@ mapper_err_set (struct mapper_err *err, const char *fmt, ...)
   va_end (ap);
 }
 
+const char *
+mapper_strerror (int errnum)
+{
+  const char *s = strerrordesc_np (errnum);
+  return s ? s : "Unknown error";
+}
+
 void
 cleanup_free (void *ptr)
 {

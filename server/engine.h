@@ -21,6 +21,11 @@ struct mapper_err {
 };
 void mapper_err_set (struct mapper_err *err, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
+/* strerror without the locale machinery (messages are English anyway):
+ * glibc's strerror takes the locale lock, which under ASan in nbdkit
+ * deadlocks p11-kit's exit handler.
+ */
+const char *mapper_strerror (int errnum);
 
 struct table;
 struct device;

@@ -75,7 +75,8 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
   if (r < 0)
     return r;
   if ((r = be->ops->get_size (be, &size)) < 0) {
-    mapper_err_set (err, "%s: cannot get size: %s", spec, strerror (-r));
+    mapper_err_set (err, "%s: cannot get size: %s", spec,
+                    mapper_strerror (-r));
     backend_put (be);
     return r;
   }
@@ -299,7 +300,7 @@ table_parse_file (const char *path, struct table **out,
   fp = fopen (path, "re");
   if (fp == NULL) {
     r = -errno;
-    mapper_err_set (err, "%s: %s", path, strerror (errno));
+    mapper_err_set (err, "%s: %s", path, mapper_strerror (errno));
     return r;
   }
   {
@@ -319,7 +320,7 @@ table_parse_file (const char *path, struct table **out,
     if (fclose (mem) == EOF && r == 0)
       r = -ENOMEM;
     if (r < 0) {
-      mapper_err_set (err, "%s: read: %s", path, strerror (-r));
+      mapper_err_set (err, "%s: read: %s", path, mapper_strerror (-r));
       return r;
     }
   }

@@ -63,7 +63,7 @@ add_table_dir (const char *dir)
 
   dp = opendir (dir);
   if (dp == NULL) {
-    nbdkit_error ("tables=%s: %m", dir);
+    nbdkit_error ("tables=%s: %s", dir, mapper_strerror (errno));
     return -1;
   }
   while ((errno = 0, d = readdir (dp)) != NULL) {
@@ -86,7 +86,7 @@ add_table_dir (const char *dir)
     }
   }
   if (errno != 0) {
-    nbdkit_error ("tables=%s: readdir: %m", dir);
+    nbdkit_error ("tables=%s: readdir: %s", dir, mapper_strerror (errno));
     closedir (dp);
     return -1;
   }
@@ -281,7 +281,7 @@ mapper_open (int readonly)
   }
   h = malloc (sizeof *h);
   if (h == NULL) {
-    nbdkit_error ("malloc: %m");
+    nbdkit_error ("malloc: %s", mapper_strerror (errno));
     return NULL;
   }
   h->dev = dev;
