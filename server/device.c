@@ -193,6 +193,11 @@ suspend_locked (struct device *dev, bool noflush)
   atomic_store (&dev->suspended, true);
   while (atomic_load (&dev->inflight) != 0)
     pthread_cond_wait (&dev->cond, &dev->lock);
+  /* Background work (mirror resync) stops too: nothing writes the
+   * table's backends until resume.
+   */
+  if (dev->live)
+    table_postsuspend (dev->live);
   if (!noflush && dev->live)
     return io_flush_backends (dev->live->backends.ptr,
                               dev->live->backends.len);
@@ -238,6 +243,7 @@ device_resume (struct device *dev, struct mapper_err *err)
     mapper_err_set (err, "device '%s' has no table to resume", dev->name);
     return -ENXIO;
   }
+  table_resume (dev->live);
   atomic_store (&dev->suspended, false);
   pthread_cond_broadcast (&dev->cond);
   pthread_mutex_unlock (&dev->lock);
@@ -268,6 +274,19 @@ device_summary (struct device *dev, char *buf, size_t len)
     return 0;
   return n + table_summary (dev->live, (size_t) n < len ? buf + n : NULL,
                             (size_t) n < len ? len - n : 0);
+}
+
+size_t
+device_status (struct device *dev, char *buf, size_t len)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+
+  if (dev->live == NULL) {
+    if (len)
+      buf[0] = '\0';
+    return 0;
+  }
+  return table_status (dev->live, buf, len);
 }
 
 void

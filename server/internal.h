@@ -41,6 +41,10 @@ struct clone {
   uint32_t flags;               /* MAPPER_FUA, MAPPER_MAY_TRIM, ... */
   enum io_op op;
   uint64_t seq;                 /* IO_FLUSH: the backend flush's number */
+  /* Optional per-target completion hook (io_emit_end_io): see target.h. */
+  int (*end_io) (struct clone *c, int error);
+  void *end_io_ctx;
+  uint64_t end_io_arg;
 };
 
 /* A request in flight: lives on the submitting worker's stack.  Clone
@@ -57,6 +61,10 @@ struct io_req {
   size_t nr, cap;
   struct clone inline_clones[IO_INLINE_CLONES];
 };
+
+/* targets/mirror.c: the engine-wide resync worker (engine_start/stop). */
+int mirror_resync_start (struct mapper_err *err);
+void mirror_resync_stop (void);
 
 /* engine.c */
 void mapper_log_io_req (const char *devname, const struct io_req *req,
@@ -91,6 +99,9 @@ struct table {
 };
 /* Index of the target containing byte offset off (< caps.size). */
 size_t table_find_target (const struct table *t, uint64_t off);
+/* Tell the targets their table became live / stopped being live. */
+void table_resume (struct table *t);
+void table_postsuspend (struct table *t);
 
 /* device.c */
 struct device {

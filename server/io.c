@@ -81,7 +81,7 @@ io_emit (struct io_req *req, struct backend *be, uint64_t offset,
    */
   if (req->nr > 0) {
     c = &req->clones[req->nr - 1];
-    if (c->be == be && c->offset + c->len == offset &&
+    if (c->be == be && c->end_io == NULL && c->offset + c->len == offset &&
         (buf == NULL ? c->buf == NULL : c->buf + c->len == buf)) {
       c->len += len;
       return 0;
@@ -97,6 +97,45 @@ io_emit (struct io_req *req, struct backend *be, uint64_t offset,
     .flags = flags, .op = req->op,
   };
   return 0;
+}
+
+int
+io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
+                uint64_t len, char *buf,
+                int (*end_io) (struct clone *c, int error),
+                void *ctx, uint64_t arg)
+{
+  struct clone *c;
+  uint32_t flags = req->flags;
+
+  if (!be->caps.can_fua)
+    flags &= ~MAPPER_FUA;
+  c = io_req_new_clone (req);
+  if (c == NULL)
+    return -ENOMEM;
+  *c = (struct clone) {
+    .req = req, .be = be, .offset = offset, .len = len, .buf = buf,
+    .flags = flags, .op = req->op,
+    .end_io = end_io, .end_io_ctx = ctx, .end_io_arg = arg,
+  };
+  return 0;
+}
+
+/* The request failed while being mapped: its clones are never submitted.
+ * Hooked clones still get their end_io, for the target's accounting.
+ */
+static void
+io_req_cancel (struct io_req *req)
+{
+  for (size_t i = 0; i < req->nr; i++)
+    if (req->clones[i].end_io)
+      req->clones[i].end_io (&req->clones[i], -ECANCELED);
+}
+
+enum io_op
+io_req_op (const struct io_req *req)
+{
+  return req->op;
 }
 
 static void
@@ -115,11 +154,16 @@ void
 clone_done (struct clone *c, int error)
 {
   struct io_req *req = c->req;
+  int seen = error;             /* what the request sees */
 
-  if (error) {
-    int expected = 0;
-    assert (error < 0);
-    atomic_compare_exchange_strong (&req->error, &expected, error);
+  /* A target's hook (mirror) may send the clone again elsewhere, or
+   * decide what the request sees; the backend's bookkeeping below still
+   * records what happened on this backend.
+   */
+  if (c->end_io) {
+    seen = c->end_io (c, error);
+    if (seen == CLONE_RESUBMITTED)
+      return;
   }
   switch (c->op) {
   case IO_WRITE: case IO_ZERO: case IO_TRIM:
@@ -132,6 +176,11 @@ clone_done (struct clone *c, int error)
     break;
   case IO_READ:
     break;
+  }
+  if (seen) {
+    int expected = 0;
+    assert (seen < 0);
+    atomic_compare_exchange_strong (&req->error, &expected, seen);
   }
   /* After the decrement req may be gone (the waiter returns as soon as it
    * sees 0); the wake on its address is then at worst spurious.
@@ -215,8 +264,10 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
     uint64_t n = MIN (left, ti->len - toff);
 
     r = ti->type->map (ti, &req, toff, n, buf_at (buf, pos - offset));
-    if (r < 0)
+    if (r < 0) {
+      io_req_cancel (&req);
       goto out;
+    }
     pos += n;
     left -= n;
   }

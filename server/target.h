@@ -53,6 +53,13 @@ struct target_type {
                            int (*fn) (struct target *ti, struct backend *be,
                                       void *data),
                            void *data);
+  /* Optional, for targets with background work (mirror resync): the
+   * table became live on a device (resume), or stopped being live
+   * (suspend, after in-flight requests drained; also before dtr).  Both
+   * may be called more than once.
+   */
+  void (*resume) (struct target *ti);
+  void (*postsuspend) (struct target *ti);
 };
 
 /* targets/ */
@@ -60,6 +67,7 @@ extern const struct target_type linear_target;
 extern const struct target_type striped_target;
 extern const struct target_type zero_target;
 extern const struct target_type error_target;
+extern const struct target_type mirror_target;
 
 /* table.c: for constructors.  Open (or share) the backend named by spec,
  * check that [start, start+len) bytes lies inside it, and register it in
@@ -84,6 +92,21 @@ buf_at (char *buf, uint64_t delta)
 int io_emit (struct io_req *req, struct backend *be, uint64_t offset,
              uint64_t len, char *buf);
 bool io_req_is_read (const struct io_req *req);
+/* Like io_emit, but clone_done() first calls end_io(c, error) (from
+ * whatever thread completes the clone).  end_io returns the error the
+ * request should see (0 or -errno), or CLONE_RESUBMITTED after sending the
+ * clone again (to another backend: c->be and c->offset may be changed;
+ * c->buf, c->len and c->op must not).  ctx and arg are the target's.
+ * Never merged with a neighbour.  A clone never submitted (the request
+ * failed while being mapped) gets end_io(c, -ECANCELED), and must not be
+ * resubmitted then.
+ */
+#define CLONE_RESUBMITTED 1
+int io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
+                    uint64_t len, char *buf,
+                    int (*end_io) (struct clone *c, int error),
+                    void *ctx, uint64_t arg);
+enum io_op io_req_op (const struct io_req *req);
 /* io.c: for extents(); coordinates are target-relative.  Return 0 or
  * -errno; after either, stop when extent_walk_done() says so.
  */
