@@ -85,6 +85,11 @@ size_t table_status (const struct table *t, char *buf, size_t len);
 int device_check_name (const char *name, struct mapper_err *err);
 int device_create (const char *name, struct device **out,
                    struct mapper_err *err);
+/* Refuse a table that would make dev stack on itself, directly or
+ * through other devices ("mapper:NAME" backends): -ELOOP.
+ */
+int device_check_table (struct device *dev, const struct table *t,
+                        struct mapper_err *err);
 int device_load (struct device *dev, struct table *t);  /* takes t */
 int device_suspend (struct device *dev, bool noflush);
 int device_resume (struct device *dev, struct mapper_err *err);

@@ -154,6 +154,12 @@ load_device (const char *path)
     device_destroy (dev);
     return -1;
   }
+  if (device_check_table (dev, t, &err) < 0) {
+    nbdkit_error ("%s: %s", path, err.msg);
+    table_free (t);
+    device_destroy (dev);
+    return -1;
+  }
   device_load (dev, t);
   if (device_resume (dev, &err) < 0) {
     nbdkit_error ("%s: %s", path, err.msg);
@@ -200,10 +206,13 @@ mapper_cleanup (void)
 static void
 mapper_unload (void)
 {
-  struct device *dev;
+  size_t n;
 
-  while ((dev = device_nth (0)) != NULL)
-    device_destroy (dev);
+  /* Newest first: a device stacked on another ("mapper:NAME") was loaded
+   * after it and holds it open until its own table is freed.
+   */
+  while ((n = device_count ()) > 0)
+    device_destroy (device_nth (n - 1));
   for (size_t i = 0; i < nr_table_files; i++)
     free (table_files[i]);
   free (table_files);
