@@ -518,11 +518,9 @@ mirror_map (struct target *ti, struct io_req *req, uint64_t off,
     for (i = 0; i < m->nr_legs; i++) {
       if (skip & (1u << i))
         continue;
-      if (synced && !m->handle_errors)
-        r = io_emit (req, m->legs[i].be, m->legs[i].start + off, len, buf);
-      else
-        r = io_emit_end_io (req, m->legs[i].be, m->legs[i].start + off, len,
-                            buf, mirror_write_end_io, m, arg | i);
+      /* The hook marks a leg that fails ('D') in either mode. */
+      r = io_emit_end_io (req, m->legs[i].be, m->legs[i].start + off, len,
+                          buf, mirror_write_end_io, m, arg | i);
       if (r < 0) {
         if (arg & ARG_COUNTED)
           atomic_fetch_sub (&m->writers[!!(arg & ARG_PARITY)], n - emitted);
