@@ -14,4 +14,6 @@ SHELL_TESTS = \
 	test-blockdev.sh \
 	test-qemu.sh \
 	test-fio.sh \
-	test-ext4.sh
+	test-ext4.sh \
+	test-mirror.sh \
+	test-stacking.sh
