@@ -16,4 +16,5 @@ SHELL_TESTS = \
 	test-fio.sh \
 	test-ext4.sh \
 	test-mirror.sh \
+	test-mirror-remote.sh \
 	test-stacking.sh
