@@ -234,6 +234,55 @@ io_emulate_fua (const struct io_req *req)
   return n ? io_flush_backends (bes, n) : 0;
 }
 
+struct uses_backend {
+  struct backend *be;
+  bool found;
+};
+
+static int
+uses_backend_cb (struct target *ti, struct backend *be, void *data)
+{
+  struct uses_backend *u = data;
+
+  if (be == u->be)
+    u->found = true;
+  return 0;
+}
+
+/* A flush (or FUA emulation) failed with r.  Error path only: flush each
+ * backend again on its own to learn which failed (a failed flush fails the
+ * next one too), and let the targets using it say whether they can do
+ * without it (a mirror with handle_errors drops the leg).
+ */
+static int
+io_flush_tolerate (struct table *t, int r)
+{
+  bool hooks = false;
+
+  for (size_t j = 0; j < t->nr_targets; j++)
+    hooks |= t->targets[j].type->flush_failed != NULL;
+  if (!hooks)
+    return r;
+  for (size_t i = 0; i < t->backends.len; i++) {
+    struct backend *be = t->backends.ptr[i];
+    int e = io_flush_backends (&be, 1);
+
+    if (e == 0)
+      continue;
+    for (size_t j = 0; j < t->nr_targets; j++) {
+      struct target *ti = &t->targets[j];
+      struct uses_backend u = { .be = be };
+
+      if (ti->type->iterate_backends)
+        ti->type->iterate_backends (ti, uses_backend_cb, &u);
+      if (u.found &&
+          (ti->type->flush_failed == NULL || !ti->type->flush_failed (ti, be)))
+        return e;
+    }
+  }
+  return 0;
+}
+
 static int
 device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
            uint64_t offset, uint32_t flags)
@@ -275,8 +324,9 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
     mapper_log_io_req (dev->name, &req, offset, count);
 
   r = io_req_run (&req);
-  if (r == 0 && (flags & MAPPER_FUA))
-    r = io_emulate_fua (&req);
+  if (r == 0 && (flags & MAPPER_FUA) &&
+      (r = io_emulate_fua (&req)) < 0)
+    r = io_flush_tolerate (t, r);
  out:
   io_req_release (&req);
   device_exit (dev);
@@ -320,6 +370,8 @@ device_flush (struct device *dev, uint32_t flags)
 
   /* Once per distinct backend, never once per target. */
   r = io_flush_backends (t->backends.ptr, t->backends.len);
+  if (r < 0)
+    r = io_flush_tolerate (t, r);
   if (mapper_trace_io && mapper_debug)
     mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->backends.len,
                   t->backends.len == 1 ? "" : "s");

@@ -60,6 +60,11 @@ struct target_type {
    */
   void (*resume) (struct target *ti);
   void (*postsuspend) (struct target *ti);
+  /* Optional: a flush of backend be (one the target uses) failed.  Return
+   * true if the target can do without it (a mirror with handle_errors
+   * marks the leg failed), so the device's flush still succeeds.
+   */
+  bool (*flush_failed) (struct target *ti, struct backend *be);
 };
 
 /* targets/ */

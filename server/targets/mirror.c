@@ -36,7 +36,7 @@
 #define THROTTLE_NS (20 * 1000 * 1000)  /* pause after a busy region */
 
 /* Leg error bits, shown as dm's status characters F > D > S > R > A. */
-enum { LEG_READ_ERR = 1, LEG_WRITE_ERR = 2, LEG_SYNC_ERR = 4 };
+enum { LEG_READ_ERR = 1, LEG_WRITE_ERR = 2, LEG_SYNC_ERR = 4, LEG_FLUSH_ERR = 8 };
 
 enum sync_arg { SYNC_DEFAULT, SYNC_SYNC, SYNC_NOSYNC };
 
@@ -410,6 +410,16 @@ leg_readable (struct mirror *m, unsigned i)
   return atomic_load_explicit (&m->legs[i].errors, memory_order_relaxed) == 0;
 }
 
+/* Leave leg out of writes (handle_errors); false if it was the last. */
+static bool
+drop_leg (struct mirror *m, unsigned leg)
+{
+  unsigned all = (1u << m->nr_legs) - 1;
+  unsigned failed = atomic_fetch_or (&m->failed_mask, 1u << leg) | (1u << leg);
+
+  return (failed & all) != all;
+}
+
 static int
 mirror_write_end_io (struct clone *c, int error)
 {
@@ -422,16 +432,11 @@ mirror_write_end_io (struct clone *c, int error)
     return error;
 
   mark_leg (m, leg, LEG_WRITE_ERR, "failed a write");
-  if (m->handle_errors) {
-    unsigned all = (1u << m->nr_legs) - 1;
-    unsigned failed = atomic_fetch_or (&m->failed_mask, 1u << leg)
-      | (1u << leg);
-    /* Keep going while another leg has not failed a write: the last leg
-     * to fail is the one that fails the request.
-     */
-    if ((failed & all) != all)
-      return 0;
-  }
+  /* Keep going while another leg has not failed: the last leg to fail
+   * is the one that fails the request.
+   */
+  if (m->handle_errors && drop_leg (m, leg))
+    return 0;
   return error;
 }
 
@@ -459,6 +464,20 @@ mirror_read_end_io (struct clone *c, int error)
     return CLONE_RESUBMITTED;
   }
   return error;
+}
+
+static bool
+mirror_flush_failed (struct target *ti, struct backend *be)
+{
+  struct mirror *m = ti->private;
+  bool ok = true;
+
+  for (unsigned i = 0; i < m->nr_legs; i++)
+    if (m->legs[i].be == be) {
+      mark_leg (m, i, LEG_FLUSH_ERR, "failed a flush");
+      ok &= m->handle_errors && drop_leg (m, i);
+    }
+  return ok;
 }
 
 static int
@@ -556,6 +575,8 @@ leg_status_char (struct mirror *m, unsigned i)
 {
   unsigned e = atomic_load (&m->legs[i].errors);
 
+  if (e & LEG_FLUSH_ERR)
+    return 'F';
   if (e & LEG_WRITE_ERR)
     return 'D';
   if (e & LEG_SYNC_ERR)
@@ -880,4 +901,5 @@ const struct target_type mirror_target = {
   .iterate_backends = mirror_iterate_backends,
   .resume = mirror_resume,
   .postsuspend = mirror_postsuspend,
+  .flush_failed = mirror_flush_failed,
 };
