@@ -236,7 +236,10 @@ mapper_dump_plugin (void)
   "[table=]FILE        A device table (repeatable); the device is named\n" \
   "                    after the file, without \".table\".  The first\n" \
   "                    one is also the default export.\n" \
-  "tables=DIR          Every *.table file in DIR is a device."
+  "tables=DIR          Every *.table file in DIR is a device.\n" \
+  "In a table, mapper:NAME names another device of this server\n" \
+  "(stacking, in process); NAME must be loaded before (tables load in\n" \
+  "command-line order, tables=DIR in name order)."
 
 /* --- exports and connections ----------------------------------------- */
 

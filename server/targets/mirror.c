@@ -280,7 +280,8 @@ copy_region (struct mirror *m, char *buf, uint64_t region)
     /* Each leg its own request, so a failing leg is known by name. */
     for (unsigned i = 1; i < m->nr_legs; i++) {
       int e;
-      if (atomic_load (&m->legs[i].errors) & (LEG_WRITE_ERR | LEG_SYNC_ERR))
+      if (atomic_load (&m->legs[i].errors) &
+          (LEG_WRITE_ERR | LEG_SYNC_ERR | LEG_FLUSH_ERR))
         continue;
       io_req_init (&req, IO_WRITE, 0);
       e = io_emit (&req, m->legs[i].be, m->legs[i].start + off, n, buf);
