@@ -83,6 +83,8 @@ void io_req_release (struct io_req *req);
  * for a clean backend.  0 or the first -errno.
  */
 int io_flush_backends (struct backend *const *bes, size_t n);
+/* The same, with each backend's own result in errs[0..n) (0 or -errno). */
+int io_flush_backends_each (struct backend *const *bes, size_t n, int *errs);
 void flush_note_write (struct clone *c);
 void flush_end (struct backend *be, uint64_t seq, int error);
 
@@ -96,6 +98,7 @@ struct table {
   size_t nr_targets;
   backend_vector backends;      /* distinct, each referenced once */
   struct mapper_caps caps;
+  bool flush_hooks;             /* some target has flush_failed */
 };
 /* Index of the target containing byte offset off (< caps.size). */
 size_t table_find_target (const struct table *t, uint64_t off);

@@ -206,9 +206,65 @@ io_req_run (struct io_req *req)
   return atomic_load (&req->error);
 }
 
+struct uses_backend {
+  struct backend *be;
+  bool found;
+};
+
+static int
+uses_backend_cb (struct target *ti, struct backend *be, void *data)
+{
+  struct uses_backend *u = data;
+
+  if (be == u->be)
+    u->found = true;
+  return 0;
+}
+
+/* Flush bes[0..n) of table t.  A backend whose flush failed does not fail
+ * the flush when every target using it can do without it (a mirror with
+ * handle_errors drops the leg): the flush_failed hook, error path only.
+ */
+static int
+io_flush_table (struct table *t, struct backend *const *bes, size_t n)
+{
+  int inline_errs[IO_INLINE_CLONES];
+  int *errs = inline_errs;
+  bool found = false;
+  int r;
+
+  if (!t->flush_hooks)
+    return io_flush_backends (bes, n);
+  if (n > ARRAY_SIZE (inline_errs) &&
+      (errs = malloc (n * sizeof *errs)) == NULL)
+    return -ENOMEM;
+  r = io_flush_backends_each (bes, n, errs);
+  for (size_t i = 0; r < 0 && i < n; i++) {
+    if (errs[i] == 0)
+      continue;
+    found = true;
+    for (size_t j = 0; j < t->nr_targets; j++) {
+      struct target *ti = &t->targets[j];
+      struct uses_backend u = { .be = bes[i] };
+
+      if (ti->type->iterate_backends)
+        ti->type->iterate_backends (ti, uses_backend_cb, &u);
+      if (u.found && (ti->type->flush_failed == NULL ||
+                      !ti->type->flush_failed (ti, bes[i])))
+        goto out;               /* r stands */
+    }
+  }
+  if (found)
+    r = 0;                      /* every failure absorbed */
+ out:
+  if (errs != inline_errs)
+    free (errs);
+  return r;
+}
+
 /* FUA on backends without native FUA: flush each touched backend once. */
 static int
-io_emulate_fua (const struct io_req *req)
+io_emulate_fua (struct table *t, const struct io_req *req)
 {
   struct backend *bes[IO_INLINE_CLONES];
   size_t n = 0;
@@ -225,62 +281,13 @@ io_emulate_fua (const struct io_req *req)
     if (j < n)
       continue;
     if (n == ARRAY_SIZE (bes)) {
-      if ((r = io_flush_backends (bes, n)) < 0)
+      if ((r = io_flush_table (t, bes, n)) < 0)
         return r;
       n = 0;
     }
     bes[n++] = be;
   }
-  return n ? io_flush_backends (bes, n) : 0;
-}
-
-struct uses_backend {
-  struct backend *be;
-  bool found;
-};
-
-static int
-uses_backend_cb (struct target *ti, struct backend *be, void *data)
-{
-  struct uses_backend *u = data;
-
-  if (be == u->be)
-    u->found = true;
-  return 0;
-}
-
-/* A flush (or FUA emulation) failed with r.  Error path only: flush each
- * backend again on its own to learn which failed (a failed flush fails the
- * next one too), and let the targets using it say whether they can do
- * without it (a mirror with handle_errors drops the leg).
- */
-static int
-io_flush_tolerate (struct table *t, int r)
-{
-  bool hooks = false;
-
-  for (size_t j = 0; j < t->nr_targets; j++)
-    hooks |= t->targets[j].type->flush_failed != NULL;
-  if (!hooks)
-    return r;
-  for (size_t i = 0; i < t->backends.len; i++) {
-    struct backend *be = t->backends.ptr[i];
-    int e = io_flush_backends (&be, 1);
-
-    if (e == 0)
-      continue;
-    for (size_t j = 0; j < t->nr_targets; j++) {
-      struct target *ti = &t->targets[j];
-      struct uses_backend u = { .be = be };
-
-      if (ti->type->iterate_backends)
-        ti->type->iterate_backends (ti, uses_backend_cb, &u);
-      if (u.found &&
-          (ti->type->flush_failed == NULL || !ti->type->flush_failed (ti, be)))
-        return e;
-    }
-  }
-  return 0;
+  return n ? io_flush_table (t, bes, n) : 0;
 }
 
 static int
@@ -324,9 +331,8 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
     mapper_log_io_req (dev->name, &req, offset, count);
 
   r = io_req_run (&req);
-  if (r == 0 && (flags & MAPPER_FUA) &&
-      (r = io_emulate_fua (&req)) < 0)
-    r = io_flush_tolerate (t, r);
+  if (r == 0 && (flags & MAPPER_FUA))
+    r = io_emulate_fua (t, &req);
  out:
   io_req_release (&req);
   device_exit (dev);
@@ -369,9 +375,7 @@ device_flush (struct device *dev, uint32_t flags)
   int r;
 
   /* Once per distinct backend, never once per target. */
-  r = io_flush_backends (t->backends.ptr, t->backends.len);
-  if (r < 0)
-    r = io_flush_tolerate (t, r);
+  r = io_flush_table (t, t->backends.ptr, t->backends.len);
   if (mapper_trace_io && mapper_debug)
     mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->backends.len,
                   t->backends.len == 1 ? "" : "s");

@@ -117,6 +117,9 @@ table_merge_caps (struct table *t)
   c->block_min = 1;               /* byte-granular: we split exactly */
   c->block_pref = 4096;
   c->block_max = 0xffffffff;
+  t->flush_hooks = false;
+  for (size_t i = 0; i < t->nr_targets; i++)
+    t->flush_hooks |= t->targets[i].type->flush_failed != NULL;
   for (size_t i = 0; i < t->backends.len; i++) {
     const struct mapper_caps *b = &t->backends.ptr[i]->caps;
     c->can_write &= b->can_write;

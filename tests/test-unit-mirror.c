@@ -287,6 +287,48 @@ test_leg_failure (bool handle_errors)
   device_destroy (low);
 }
 
+/* A leg's flush fails (its writes may be lost: backend_writes_lost, as a
+ * remote backend does when its connection drops): with handle_errors the
+ * device flush succeeds and the leg shows F, then is left out of writes;
+ * without, the flush fails.
+ */
+static void
+test_flush_failure (bool handle_errors)
+{
+  CLEANUP_FREE char *text =
+    unit_sprintf ("0 %llu mirror core 2 64 nosync 2 %s 0 %s 0%s\n",
+                  LEG_SECTORS, A, B, handle_errors ? " 1 handle_errors" : "");
+  CLEANUP_FREE unsigned char *data = malloc (65536);
+  struct device *dev;
+  struct backend *legB;
+  char st[1024], want[1024];
+
+  unit_write_file (A, NULL, LEG_SIZE);
+  unit_write_file (B, NULL, LEG_SIZE);
+  dev = mkdev ("m", text);
+  legB = dev->live->backends.ptr[1];
+  unit_fill (data, 65536, 3, 0);
+  CHECK_EQ (device_pwrite (dev, data, 65536, 0, 0), 0);
+  backend_writes_lost (legB);
+  CHECK_EQ (device_flush (dev, 0), handle_errors ? 0 : -EIO);
+  snprintf (want, sizeof want, "0 %llu mirror 2 %s %s 32/32 1 AF 1 core",
+            LEG_SECTORS, A, B);
+  status_of (dev, st, sizeof st);
+  CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+  /* With handle_errors the leg is out: new writes reach A only. */
+  unit_fill (data, 65536, 4, 0);
+  CHECK_EQ (device_pwrite (dev, data, 65536, 65536, 0), 0);
+  CHECK_EQ (device_flush (dev, 0), 0);
+  {
+    size_t size;
+    CLEANUP_FREE char *b = unit_read_file (B, &size);
+    CHECK (b != NULL);
+    if (b)
+      CHECK_EQ (memcmp (b + 65536, data, 65536) != 0, handle_errors);
+  }
+  device_destroy (dev);
+}
+
 /* --- resync ---------------------------------------------------------- */
 
 struct writer_arg {
@@ -482,6 +524,8 @@ main (void)
   test_io ();
   test_leg_failure (true);
   test_leg_failure (false);
+  test_flush_failure (true);
+  test_flush_failure (false);
   test_resync ();
   test_stacking ();
   free (A);
