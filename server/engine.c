@@ -12,6 +12,7 @@
 
 mapper_log_fn mapper_debug;
 bool mapper_trace_io;
+bool mapper_flush_per_target;
 
 const char *const io_op_name[] = {
   [IO_READ] = "read", [IO_WRITE] = "write", [IO_ZERO] = "zero",

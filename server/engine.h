@@ -58,6 +58,7 @@ typedef void (*mapper_log_fn) (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2)));
 extern mapper_log_fn mapper_debug;   /* NULL: no debug output */
 extern bool mapper_trace_io;         /* log each request's split */
+extern bool mapper_flush_per_target; /* benchmarks only: flush like old dm */
 const char *mapper_version (void);
 /* Start the engine's threads (call after any fork: nbdkit .after_fork)
  * and stop them (nbdkit .cleanup).  0 or -errno.

@@ -368,14 +368,54 @@ device_trim (struct device *dev, uint32_t count, uint64_t offset,
   return device_io (dev, IO_TRIM, NULL, count, offset, flags);
 }
 
+/* The "before" of nbdmapper's flush: one uncoalesced backend flush per
+ * target, as dm did before it learnt to flush each device once.  Only for
+ * benchmarks (-D mapper.flush_per_target=1).
+ */
+static int
+flush_one_raw (struct target *ti, struct backend *be, void *data)
+{
+  struct io_req *req = data;
+  struct clone *c = io_req_new_clone (req);
+
+  if (c == NULL)
+    return -ENOMEM;
+  *c = (struct clone) { .req = req, .be = be, .op = IO_FLUSH };
+  return 0;
+}
+
+static int
+flush_per_target (struct table *t)
+{
+  for (size_t i = 0; i < t->nr_targets; i++) {
+    struct target *ti = &t->targets[i];
+    struct io_req req;
+    int r = 0;
+
+    if (ti->type->iterate_backends == NULL)
+      continue;
+    io_req_init (&req, IO_FLUSH, 0);
+    r = ti->type->iterate_backends (ti, flush_one_raw, &req);
+    if (r == 0)
+      r = io_req_run (&req);
+    io_req_release (&req);
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
 int
 device_flush (struct device *dev, uint32_t flags)
 {
   struct table *t = device_enter (dev);
   int r;
 
-  /* Once per distinct backend, never once per target. */
-  r = io_flush_table (t, t->backends.ptr, t->backends.len);
+  if (mapper_flush_per_target)
+    r = flush_per_target (t);
+  else
+    /* Once per distinct backend, never once per target. */
+    r = io_flush_table (t, t->backends.ptr, t->backends.len);
   if (mapper_trace_io && mapper_debug)
     mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->backends.len,
                   t->backends.len == 1 ? "" : "s");

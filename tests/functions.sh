@@ -94,3 +94,16 @@ with open(path, "wb") as f:
         left -= n
 PYEOF
 }
+
+# wait_for CMD...: retry CMD every 0.1s for up to 30s; fail if it never
+# succeeds.
+wait_for ()
+{
+    local i
+    for (( i=0; i<300; i++ )); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "$0: timed out waiting for: $*" >&2
+    return 1
+}

@@ -17,4 +17,5 @@ SHELL_TESTS = \
 	test-ext4.sh \
 	test-mirror.sh \
 	test-mirror-remote.sh \
-	test-stacking.sh
+	test-stacking.sh \
+	test-flush-dedup.sh

@@ -22,6 +22,10 @@
 
 /* -D mapper.io=1: log how each request is split. */
 NBDKIT_DLL_PUBLIC int mapper_debug_io = 0;
+/* -D mapper.flush_per_target=1: flush once per target, not once per
+ * backend: reproduces the "before" for the flush benchmark.
+ */
+NBDKIT_DLL_PUBLIC int mapper_debug_flush_per_target = 0;
 
 /* Table files from the command line, in order (table= and tables=). */
 static char **table_files;
@@ -174,6 +178,7 @@ mapper_config_complete (void)
 {
   mapper_debug = log_debug;
   mapper_trace_io = mapper_debug_io != 0;
+  mapper_flush_per_target = mapper_debug_flush_per_target != 0;
 
   if (nr_table_files == 0) {
     nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR");
