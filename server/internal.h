@@ -45,6 +45,7 @@ struct clone {
   int (*end_io) (struct clone *c, int error);
   void *end_io_ctx;
   uint64_t end_io_arg;
+  struct clone *retry_next;     /* io_req.retry list */
 };
 
 /* A request in flight: lives on the submitting worker's stack.  Clone
@@ -57,6 +58,10 @@ struct io_req {
   uint32_t flags;
   _Atomic int pending;          /* clones not yet done, +1 while issuing */
   _Atomic int error;            /* first -errno wins */
+  /* Clones whose end_io asked for a retry (CLONE_RETRY), pushed from any
+   * thread, resubmitted by the waiter in io_req_run.
+   */
+  struct clone *_Atomic retry;
   struct clone *clones;
   size_t nr, cap;
   struct clone inline_clones[IO_INLINE_CLONES];

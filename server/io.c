@@ -29,6 +29,7 @@ io_req_init (struct io_req *req, enum io_op op, uint32_t flags)
   req->flags = flags;
   atomic_init (&req->pending, 1);      /* held while issuing */
   atomic_init (&req->error, 0);
+  atomic_init (&req->retry, NULL);
   req->clones = req->inline_clones;
   req->nr = 0;
   req->cap = IO_INLINE_CLONES;
@@ -162,8 +163,18 @@ clone_done (struct clone *c, int error)
    */
   if (c->end_io) {
     seen = c->end_io (c, error);
-    if (seen == CLONE_RESUBMITTED)
+    if (seen == CLONE_RETRY) {
+      /* Hand it to the waiter: push, then change pending (the clone
+       * still holds its count, so req stays alive) so that a futex_wait
+       * on the old value returns.  The waiter takes the extra count back.
+       */
+      c->retry_next = atomic_load (&req->retry);
+      while (!atomic_compare_exchange_weak (&req->retry, &c->retry_next, c))
+        ;
+      atomic_fetch_add (&req->pending, 1);
+      futex_wake (&req->pending);
       return;
+    }
   }
   switch (c->op) {
   case IO_WRITE: case IO_ZERO: case IO_TRIM:
@@ -201,8 +212,24 @@ io_req_run (struct io_req *req)
     c->be->ops->submit (c->be, c);
   }
   if (atomic_fetch_sub (&req->pending, 1) != 1)
-    while ((v = atomic_load (&req->pending)) != 0)
-      futex_wait (&req->pending, v);
+    while ((v = atomic_load (&req->pending)) != 0) {
+      struct clone *c = atomic_exchange (&req->retry, NULL);
+
+      if (c == NULL) {
+        futex_wait (&req->pending, v);
+        continue;
+      }
+      /* Retries asked for by end_io hooks (a mirror read on another
+       * leg): resubmitted from this thread, then their extra count
+       * dropped.  The clone's own count keeps pending above 0 meanwhile.
+       */
+      while (c) {
+        struct clone *next = c->retry_next;
+        c->be->ops->submit (c->be, c);
+        atomic_fetch_sub (&req->pending, 1);
+        c = next;
+      }
+    }
   return atomic_load (&req->error);
 }
 

@@ -98,15 +98,16 @@ int io_emit (struct io_req *req, struct backend *be, uint64_t offset,
              uint64_t len, char *buf);
 bool io_req_is_read (const struct io_req *req);
 /* Like io_emit, but clone_done() first calls end_io(c, error) (from
- * whatever thread completes the clone).  end_io returns the error the
- * request should see (0 or -errno), or CLONE_RESUBMITTED after sending the
- * clone again (to another backend: c->be and c->offset may be changed;
- * c->buf, c->len and c->op must not).  ctx and arg are the target's.
- * Never merged with a neighbour.  A clone never submitted (the request
- * failed while being mapped) gets end_io(c, -ECANCELED), and must not be
- * resubmitted then.
+ * whatever thread completes the clone: keep it short, never block).
+ * end_io returns the error the request should see (0 or -errno), or
+ * CLONE_RETRY after pointing the clone elsewhere (c->be, c->offset; never
+ * c->buf, c->len, c->op): the thread waiting for the request then submits
+ * it again, so a retry never runs on an I/O loop thread nor nests inside
+ * the failed submit.  ctx and arg are the target's.  Never merged with a
+ * neighbour.  A clone never submitted (the request failed while being
+ * mapped) gets end_io(c, -ECANCELED) and must not be retried then.
  */
-#define CLONE_RESUBMITTED 1
+#define CLONE_RETRY 1
 int io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
                     uint64_t len, char *buf,
                     int (*end_io) (struct clone *c, int error),

@@ -461,8 +461,7 @@ mirror_read_end_io (struct clone *c, int error)
     c->be = m->legs[i].be;
     c->offset = m->legs[i].start + toff;
     c->end_io_arg = MAKE_ARG (i, tried | (1u << i));
-    c->be->ops->submit (c->be, c);
-    return CLONE_RESUBMITTED;
+    return CLONE_RETRY;         /* io.c submits it again */
   }
   return error;
 }
