@@ -4,8 +4,10 @@
 #    files): data lands where the lower tables say;
 #  - a flush of the top device fdatasyncs each leaf file exactly once
 #    (counted with strace);
-#  - a device naming itself, or a device not loaded yet, is refused with
-#    a message naming the table line and the device.
+#  - tables may come in any order (one stacking on a later file's device
+#    waits for it);
+#  - a device naming itself, or two stacking on each other, are refused
+#    with a message naming the table line and the device.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -81,11 +83,20 @@ fi
 grep -q "self.table:1: linear: mapper:self: device 'self' has no live table.*cannot stack on itself" \
      "$tmpdir/err" || { cat "$tmpdir/err"; die "wrong message for self"; }
 
-if mapper -U - "$tmpdir/top.table" "$tmpdir/lowa.table" "$tmpdir/lowb.table" \
-          --run true 2> "$tmpdir/err"; then
-    die "stacking on a device loaded later accepted"
+# Any file order: a table naming a device of a later file waits for it.
+mapper -U - "$tmpdir/top.table" "$tmpdir/lowa.table" "$tmpdir/lowb.table" \
+       --run 'nbdinfo --list "$uri"' > "$tmpdir/list" ||
+    die "stacking on a device of a later file failed"
+grep -q 'export="top"' "$tmpdir/list" || { cat "$tmpdir/list"; die "no top"; }
+
+# Two tables stacking on each other: a cycle, refused.
+echo "0 8 linear mapper:cyc2 0" > "$tmpdir/cyc1.table"
+echo "0 8 linear mapper:cyc1 0" > "$tmpdir/cyc2.table"
+if mapper -U - "$tmpdir/cyc1.table" "$tmpdir/cyc2.table" --run true \
+          2> "$tmpdir/err"; then
+    die "a stacking cycle was accepted"
 fi
-grep -q "top.table:1: mirror: leg 0: mapper:lowa: no such device 'lowa'" \
-     "$tmpdir/err" || { cat "$tmpdir/err"; die "wrong message for order"; }
+grep -q "cyc1.table:1: linear: mapper:cyc2: no such device 'cyc2' (not loaded: no table for it, or tables stacking on each other in a cycle)" \
+     "$tmpdir/err" || { cat "$tmpdir/err"; die "wrong message for a cycle"; }
 
 echo "$0: ok"

@@ -4,7 +4,8 @@
  * device's clones point into the same client buffer).
  *
  * The lower device must have a live table when the upper table is
- * loaded (tables load in command-line order, tables=DIR in name order).
+ * loaded: -ENXIO otherwise (the plugin then defers the upper table until
+ * the lower one is loaded).
  * A flush of the upper device is a flush of the lower device, which
  * flushes its own backends through their write generations: a leaf
  * backend reached by several paths is flushed once.  Cycles are refused
@@ -122,9 +123,10 @@ device_backend_open (const char *spec, struct backend **out,
   }
   dev = device_lookup (name);
   if (dev == NULL) {
-    mapper_err_set (err, "%s: no such device '%s' (a table can only stack "
-                    "on devices loaded before it)", spec, name);
-    return -ENOENT;
+    mapper_err_set (err, "%s: no such device '%s' (not loaded: no table "
+                    "for it, or tables stacking on each other in a cycle)",
+                    spec, name);
+    return -ENXIO;
   }
   if (!device_get_caps (dev, &caps)) {
     mapper_err_set (err, "%s: device '%s' has no live table (not loaded "
