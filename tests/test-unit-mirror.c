@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,6 +231,62 @@ test_io (void)
             LEG_SECTORS, A, B);
   status_of (dev, st, sizeof st);
   CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+  device_destroy (dev);
+}
+
+/* Reads are spread over the legs (by 1 MiB of device offset): a read at
+ * 0 and one at 1 MiB go to different legs; writes go to both.
+ */
+static char last_log[4096];
+
+static void
+capture_log (const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (last_log, sizeof last_log, fmt, ap);
+  va_end (ap);
+}
+
+static void
+test_read_spread (void)
+{
+  CLEANUP_FREE char *D = strdup (unit_path ("d.img"));
+  CLEANUP_FREE char *text =
+    unit_sprintf ("0 %llu mirror core 1 64 2 %s 0 %s 0\n",
+                  2 * LEG_SECTORS, C, D);
+  CLEANUP_FREE char *want0 = NULL, *want1 = NULL;
+  char buf[4096];
+  struct device *dev;
+
+  unit_write_file (C, NULL, 2 * LEG_SIZE);
+  unit_write_file (D, NULL, 2 * LEG_SIZE);
+  /* Default sync, and the engine (resync worker) not started yet: every
+   * region out of sync, so only leg 0 may serve reads, even at 1 MiB.
+   */
+  dev = mkdev ("spread", text);
+  mapper_debug = capture_log;
+  mapper_trace_io = true;
+  want0 = unit_sprintf ("read 0+4096 -> 1 clone: [%s 0+4096]", C);
+  want1 = unit_sprintf ("read %llu+4096 -> 1 clone: [%s %llu+4096]",
+                        LEG_SIZE, D, LEG_SIZE);
+  CHECK_EQ (device_pread (dev, buf, 4096, LEG_SIZE, 0), 0);
+  CHECKF (strstr (last_log, C) && !strstr (last_log, D), "log '%s'", last_log);
+  device_destroy (dev);
+
+  free (text);
+  text = unit_sprintf ("0 %llu mirror core 2 64 nosync 2 %s 0 %s 0\n",
+                       2 * LEG_SECTORS, C, D);
+  dev = mkdev ("spread", text);
+  CHECK_EQ (device_pread (dev, buf, 4096, 0, 0), 0);
+  CHECKF (strstr (last_log, want0), "log '%s', want '%s'", last_log, want0);
+  CHECK_EQ (device_pread (dev, buf, 4096, LEG_SIZE, 0), 0);
+  CHECKF (strstr (last_log, want1), "log '%s', want '%s'", last_log, want1);
+  CHECK_EQ (device_pwrite (dev, buf, 4096, 0, 0), 0);
+  CHECKF (strstr (last_log, "-> 2 clones"), "log '%s'", last_log);
+  mapper_debug = NULL;
+  mapper_trace_io = false;
   device_destroy (dev);
 }
 
@@ -523,6 +580,7 @@ main (void)
 
   test_ctr ();
   test_io ();
+  test_read_spread ();
   test_leg_failure (true);
   test_leg_failure (false);
   test_flush_failure (true);
