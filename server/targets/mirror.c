@@ -3,10 +3,14 @@
  *
  * dm-raid1 with the in-memory ("core") region log.  Writes go to every
  * leg in parallel from the client's buffer (one clone per leg, no copy).
- * Reads go to one in-sync leg, chosen by offset; a read error is retried
- * on another leg from the completion hook.  A leg that fails a write is
- * marked failed ('D'); with handle_errors the device keeps going on the
- * other legs, without it the write fails.
+ * Reads go to one in-sync leg, chosen by offset (1 MiB granules); a read
+ * error is retried on another in-sync leg (the completion hook points the
+ * clone there, the request's waiter resubmits it).  A leg that fails a
+ * write is marked failed ('D'); with handle_errors the device keeps going
+ * on the other legs (also through a failed flush, 'F'), without it the
+ * write fails.  A failed leg stays failed until a reload replaces it.
+ * Resync copies from leg 0 (dm's default mirror); if leg 0 fails before
+ * it is done, resync stops and regions not yet in sync fail reads.
  *
  * Resync: a bitmap of regions in sync, allocated at ctr.  With "sync" (or
  * no sync argument, as dm's core log) every region starts out of sync and
