@@ -193,6 +193,11 @@ suspend_locked (struct device *dev, bool noflush)
   atomic_store (&dev->suspended, true);
   while (atomic_load (&dev->inflight) != 0)
     pthread_cond_wait (&dev->cond, &dev->lock);
+  /* Background work (mirror resync) stops too: nothing writes the
+   * table's backends until resume.
+   */
+  if (dev->live)
+    table_postsuspend (dev->live);
   if (!noflush && dev->live)
     return io_flush_backends (dev->live->backends.ptr,
                               dev->live->backends.len);
@@ -206,10 +211,76 @@ device_suspend (struct device *dev, bool noflush)
   return suspend_locked (dev, noflush);
 }
 
+/* Deep enough for any sane stack; bounds the walk if something is off. */
+#define MAX_STACK_DEPTH 16
+
+/* Does t reach top through device backends?  path[0..depth) are the
+ * device names walked so far, for the message.
+ */
+static int
+check_stack (struct device *top, const struct table *t, const char **path,
+             unsigned depth, struct mapper_err *err)
+{
+  for (size_t i = 0; i < t->backends.len; i++) {
+    struct device *lower = device_backend_device (t->backends.ptr[i]);
+    int r = 0;
+
+    if (lower == NULL)
+      continue;
+    if (lower == top) {
+      char chain[1024] = "";
+      size_t used = 0;
+      for (unsigned j = 0; j < depth && used < sizeof chain; j++)
+        used += snprintf (chain + used, sizeof chain - used, "%s -> ",
+                          path[j]);
+      if (depth == 1)
+        mapper_err_set (err, "%s%s: device '%s' cannot stack on itself",
+                        DEVICE_BACKEND_PREFIX, top->name, top->name);
+      else
+        mapper_err_set (err, "%s%s: stacking cycle: %s%s",
+                        DEVICE_BACKEND_PREFIX, path[1], chain, top->name);
+      return -ELOOP;
+    }
+    if (depth >= MAX_STACK_DEPTH) {
+      mapper_err_set (err, "%s%s: devices stacked more than %d deep",
+                      DEVICE_BACKEND_PREFIX, lower->name, MAX_STACK_DEPTH);
+      return -ELOOP;
+    }
+    /* Both of its tables: the inactive one may be resumed later.  Locks
+     * are taken top-down, the order every path that nests them uses.
+     */
+    path[depth] = lower->name;
+    pthread_mutex_lock (&lower->lock);
+    if (lower->live)
+      r = check_stack (top, lower->live, path, depth + 1, err);
+    if (r == 0 && lower->inactive)
+      r = check_stack (top, lower->inactive, path, depth + 1, err);
+    pthread_mutex_unlock (&lower->lock);
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
+int
+device_check_table (struct device *dev, const struct table *t,
+                    struct mapper_err *err)
+{
+  const char *path[MAX_STACK_DEPTH + 1] = { dev->name };
+
+  return check_stack (dev, t, path, 1, err);
+}
+
 int
 device_load (struct device *dev, struct table *t)
 {
   struct table *old;
+
+  /* Callers check first for the message; never build a cycle. */
+  if (device_check_table (dev, t, NULL) < 0) {
+    table_free (t);
+    return -ELOOP;
+  }
 
   pthread_mutex_lock (&dev->lock);
   old = dev->inactive;
@@ -238,6 +309,7 @@ device_resume (struct device *dev, struct mapper_err *err)
     mapper_err_set (err, "device '%s' has no table to resume", dev->name);
     return -ENXIO;
   }
+  table_resume (dev->live);
   atomic_store (&dev->suspended, false);
   pthread_cond_broadcast (&dev->cond);
   pthread_mutex_unlock (&dev->lock);
@@ -268,6 +340,19 @@ device_summary (struct device *dev, char *buf, size_t len)
     return 0;
   return n + table_summary (dev->live, (size_t) n < len ? buf + n : NULL,
                             (size_t) n < len ? len - n : 0);
+}
+
+size_t
+device_status (struct device *dev, char *buf, size_t len)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+
+  if (dev->live == NULL) {
+    if (len)
+      buf[0] = '\0';
+    return 0;
+  }
+  return table_status (dev->live, buf, len);
 }
 
 void

@@ -28,13 +28,16 @@ mapper_version (void)
 int
 engine_start (struct mapper_err *err)
 {
-  /* Nothing runs in the background yet: local backends complete inline. */
-  return 0;
+  /* Local backends complete inline; the mirror resync worker starts
+   * now if a live mirror needs it, else lazily when one does.
+   */
+  return mirror_resync_start (err);
 }
 
 void
 engine_stop (void)
 {
+  mirror_resync_stop ();
 }
 
 void

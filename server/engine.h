@@ -84,11 +84,18 @@ size_t table_nr_backends (const struct table *t);
 size_t table_summary (const struct table *t, char *buf, size_t len);
 /* The table in dmsetup table format (one line per target). */
 size_t table_format (const struct table *t, char *buf, size_t len);
+/* Each target's status (dmsetup status format, one line per target). */
+size_t table_status (const struct table *t, char *buf, size_t len);
 
 /* device.c */
 int device_check_name (const char *name, struct mapper_err *err);
 int device_create (const char *name, struct device **out,
                    struct mapper_err *err);
+/* Refuse a table that would make dev stack on itself, directly or
+ * through other devices ("mapper:NAME" backends): -ELOOP.
+ */
+int device_check_table (struct device *dev, const struct table *t,
+                        struct mapper_err *err);
 int device_load (struct device *dev, struct table *t);  /* takes t */
 int device_suspend (struct device *dev, bool noflush);
 int device_resume (struct device *dev, struct mapper_err *err);
@@ -100,6 +107,8 @@ const char *device_name (const struct device *dev);
 /* Snapshot of the live table's capabilities (false if none is live). */
 bool device_get_caps (struct device *dev, struct mapper_caps *caps);
 size_t device_summary (struct device *dev, char *buf, size_t len);
+/* table_status of the live table ("" if none). */
+size_t device_status (struct device *dev, char *buf, size_t len);
 void device_open_count_add (struct device *dev, int delta);
 
 /* io.c: the request path.  Return 0 or -errno. */

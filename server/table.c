@@ -16,6 +16,7 @@
 
 static const struct target_type *const target_types[] = {
   &linear_target, &striped_target, &zero_target, &error_target,
+  &mirror_target,
 };
 
 static const struct target_type *
@@ -117,6 +118,9 @@ table_merge_caps (struct table *t)
   c->block_min = 1;               /* byte-granular: we split exactly */
   c->block_pref = 4096;
   c->block_max = 0xffffffff;
+  t->flush_hooks = false;
+  for (size_t i = 0; i < t->nr_targets; i++)
+    t->flush_hooks |= t->targets[i].type->flush_failed != NULL;
   for (size_t i = 0; i < t->backends.len; i++) {
     const struct mapper_caps *b = &t->backends.ptr[i]->caps;
     c->can_write &= b->can_write;
@@ -347,6 +351,22 @@ table_find_target (const struct table *t, uint64_t off)
   return lo;
 }
 
+void
+table_resume (struct table *t)
+{
+  for (size_t i = 0; i < t->nr_targets; i++)
+    if (t->targets[i].type->resume)
+      t->targets[i].type->resume (&t->targets[i]);
+}
+
+void
+table_postsuspend (struct table *t)
+{
+  for (size_t i = 0; i < t->nr_targets; i++)
+    if (t->targets[i].type->postsuspend)
+      t->targets[i].type->postsuspend (&t->targets[i]);
+}
+
 const struct mapper_caps *
 table_caps (const struct table *t)
 {
@@ -400,8 +420,9 @@ table_summary (const struct table *t, char *buf, size_t len)
   return used;
 }
 
-size_t
-table_format (const struct table *t, char *buf, size_t len)
+static size_t
+table_print (const struct table *t, enum status_type type, char *buf,
+             size_t len)
 {
   size_t used = 0;
 
@@ -416,12 +437,12 @@ table_format (const struct table *t, char *buf, size_t len)
       size_t n;
       if (used < len) {
         buf[used] = used + 1 < len ? ' ' : '\0';
-        n = ti->type->status (ti, STATUSTYPE_TABLE,
+        n = ti->type->status (ti, type,
                               used + 1 < len ? buf + used + 1 : NULL,
                               used + 1 < len ? len - used - 1 : 0);
       }
       else
-        n = ti->type->status (ti, STATUSTYPE_TABLE, NULL, 0);
+        n = ti->type->status (ti, type, NULL, 0);
       if (n > 0)
         used += 1 + n;
       else if (used < len)
@@ -430,4 +451,16 @@ table_format (const struct table *t, char *buf, size_t len)
     used = append (buf, len, used, "\n");
   }
   return used;
+}
+
+size_t
+table_format (const struct table *t, char *buf, size_t len)
+{
+  return table_print (t, STATUSTYPE_TABLE, buf, len);
+}
+
+size_t
+table_status (const struct table *t, char *buf, size_t len)
+{
+  return table_print (t, STATUSTYPE_INFO, buf, len);
 }

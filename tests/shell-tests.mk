@@ -15,4 +15,7 @@ SHELL_TESTS = \
 	test-qemu.sh \
 	test-fio.sh \
 	test-ext4.sh \
+	test-mirror.sh \
+	test-mirror-remote.sh \
+	test-stacking.sh \
 	test-flush-dedup.sh

@@ -27,6 +27,9 @@ NBDKIT_DLL_PUBLIC int mapper_debug_io = 0;
  */
 NBDKIT_DLL_PUBLIC int mapper_debug_flush_per_target = 0;
 
+/* The first table file's device: the default export. */
+static char *default_name;
+
 /* Table files from the command line, in order (table= and tables=). */
 static char **table_files;
 static size_t nr_table_files;
@@ -133,8 +136,11 @@ device_name_of (const char *path)
   return strndup (base, len);
 }
 
+/* 0; -1 (reported); or, when quiet, -ENXIO without a message if the table
+ * stacks on a device not loaded yet.
+ */
 static int
-load_device (const char *path)
+load_device (const char *path, bool quiet)
 {
   struct mapper_err err = { "" };
   struct device *dev;
@@ -153,8 +159,16 @@ load_device (const char *path)
     nbdkit_error ("%s: %s", path, err.msg);
     return -1;
   }
-  if (table_parse_file (path, &t, &err) < 0) {
+  if ((r = table_parse_file (path, &t, &err)) < 0) {
+    device_destroy (dev);
+    if (quiet && r == -ENXIO)
+      return -ENXIO;
     nbdkit_error ("%s", err.msg);
+    return -1;
+  }
+  if (device_check_table (dev, t, &err) < 0) {
+    nbdkit_error ("%s: %s", path, err.msg);
+    table_free (t);
     device_destroy (dev);
     return -1;
   }
@@ -178,9 +192,43 @@ mapper_config_complete (void)
     nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR");
     return -1;
   }
-  for (size_t i = 0; i < nr_table_files; i++)
-    if (load_device (table_files[i]) == -1)
+  /* A table may stack on the device of a later file ("mapper:NAME"):
+   * load in passes, deferring such tables while a pass makes progress;
+   * what is left (a missing device, a cycle) is then reported.
+   */
+  {
+    bool *done = calloc (nr_table_files, sizeof *done);
+    size_t left = nr_table_files;
+    bool progress = true;
+    int r = 0;
+
+    if (done == NULL) {
+      nbdkit_error ("calloc: %m");
       return -1;
+    }
+    while (left > 0 && progress && r == 0) {
+      progress = false;
+      for (size_t i = 0; i < nr_table_files && r == 0; i++) {
+        if (done[i])
+          continue;
+        r = load_device (table_files[i], true);
+        if (r == 0) {
+          done[i] = true;
+          left--;
+          progress = true;
+        }
+        else if (r == -ENXIO)
+          r = 0;                /* try again after the others */
+      }
+    }
+    for (size_t i = 0; i < nr_table_files && r == 0 && left > 0; i++)
+      if (!done[i])
+        r = load_device (table_files[i], false);   /* reports it */
+    free (done);
+    if (r < 0)
+      return -1;
+  }
+  default_name = device_name_of (table_files[0]);
   return 0;
 }
 
@@ -205,10 +253,14 @@ mapper_cleanup (void)
 static void
 mapper_unload (void)
 {
-  struct device *dev;
+  size_t n;
 
-  while ((dev = device_nth (0)) != NULL)
-    device_destroy (dev);
+  /* Newest first: a device stacked on another ("mapper:NAME") was loaded
+   * after it and holds it open until its own table is freed.
+   */
+  while ((n = device_count ()) > 0)
+    device_destroy (device_nth (n - 1));
+  free (default_name);
   for (size_t i = 0; i < nr_table_files; i++)
     free (table_files[i]);
   free (table_files);
@@ -223,7 +275,7 @@ mapper_dump_plugin (void)
   printf ("libnbd_version=%s\n", nbd ? nbd_get_version (nbd) : "unknown");
   printf ("libev_version=%d.%d\n", ev_version_major (), ev_version_minor ());
   printf ("openssl_version=%s\n", OpenSSL_version (OPENSSL_VERSION));
-  printf ("mapper_targets=linear striped zero error\n");
+  printf ("mapper_targets=linear striped zero error mirror\n");
   if (nbd)
     nbd_close (nbd);
 }
@@ -232,7 +284,9 @@ mapper_dump_plugin (void)
   "[table=]FILE        A device table (repeatable); the device is named\n" \
   "                    after the file, without \".table\".  The first\n" \
   "                    one is also the default export.\n" \
-  "tables=DIR          Every *.table file in DIR is a device."
+  "tables=DIR          Every *.table file in DIR is a device.\n" \
+  "In a table, mapper:NAME names another device of this server\n" \
+  "(stacking, in process, in any file order; no cycles)."
 
 /* --- exports and connections ----------------------------------------- */
 
@@ -255,7 +309,13 @@ mapper_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
 static const char *
 mapper_default_export (int readonly, int is_tls)
 {
-  struct device *dev = device_nth (0);
+  /* The first table file's device, even if it was loaded after a device
+   * it stacks on.
+   */
+  struct device *dev = default_name ? device_lookup (default_name) : NULL;
+
+  if (dev == NULL)
+    dev = device_nth (0);
 
   return dev ? device_name (dev) : NULL;
 }
