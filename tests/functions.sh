@@ -38,40 +38,48 @@ _run_cleanups ()
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
 trap _run_cleanups EXIT INT TERM
 
-# mapper ARGS...: run nbdkit with the freshly built plugin.  ARGS are the
-# nbdkit options then the plugin parameters, e.g.
+# The command nbdkit --run should get: its children must not inherit the
+# ASan runtime (qemu-img, python and fio are not built for it).
+_run_cmd ()
+{
+    if [ -n "$SANITIZER_LIBASAN" ]; then
+        printf 'unset LD_PRELOAD ASAN_OPTIONS; %s' "$1"
+    else
+        printf '%s' "$1"
+    fi
+}
+
+# mapper ARGS...: run nbdkit with the freshly built plugin.  ARGS are
+# nbdkit options and plugin parameters, e.g.
 #   mapper -U - "$tmpdir/a.table" --run 'nbdinfo "$uri"'
-# Under a sanitizer build, the ASan runtime is preloaded into nbdkit (which is
-# not itself instrumented); children of --run do not get it.
+# The plugin path goes after the leading options.  Under a sanitizer build,
+# the ASan runtime is preloaded into nbdkit (which is not itself
+# instrumented); children of --run do not get it.
 mapper ()
 {
-    local opts=() a
-    # Split nbdkit options (before the first parameter) from plugin params:
-    # nbdkit accepts them interleaved, but the plugin path must come first
-    # after the options, so we simply put it after every "-x" style option.
+    local opts=() rest=()
     while [ $# -gt 0 ]; do
         case "$1" in
-            --run)
-                # Children of --run must not inherit the ASan runtime
-                # (qemu-img, python and fio are not built for it).
-                if [ -n "$SANITIZER_LIBASAN" ]; then
-                    opts+=("$1" "unset LD_PRELOAD ASAN_OPTIONS; $2")
-                else
-                    opts+=("$1" "$2")
-                fi
-                shift 2 ;;
+            --run) opts+=("$1" "$(_run_cmd "$2")"); shift 2 ;;
             -U|-t|-p|-P|-e|-D|-i|--filter|--tls|--tls-psk|--tls-certificates|--log|--exportname|--selinux-label|--user|--group|--mask-handshake|--threads|--unix|--port|--pidfile|--ipaddr)
                 opts+=("$1" "$2"); shift 2 ;;
             -*) opts+=("$1"); shift ;;
             *) break ;;
         esac
     done
+    while [ $# -gt 0 ]; do
+        if [ "$1" = --run ] && [ $# -ge 2 ]; then
+            rest+=("$1" "$(_run_cmd "$2")"); shift 2
+        else
+            rest+=("$1"); shift
+        fi
+    done
     if [ -n "$SANITIZER_LIBASAN" ]; then
         LD_PRELOAD="$SANITIZER_LIBASAN" \
         ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
-            nbdkit "${opts[@]}" "$PLUGIN" "$@"
+            nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}"
     else
-        nbdkit "${opts[@]}" "$PLUGIN" "$@"
+        nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}"
     fi
 }
 
