@@ -6,7 +6,6 @@
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 requires strace -V
 requires nbdsh --version
-[ -z "$SANITIZER_LIBASAN" ] || { echo "$0: skipped: strace under ASan"; exit 77; }
 
 size=$((64 << 20))
 sectors=$((size / 512))
@@ -33,7 +32,11 @@ PY
 sock=$tmpdir/sock
 log=$tmpdir/strace.log
 pidfile=$tmpdir/nbdkit.pid
-strace -f -qq -e trace=fdatasync -o "$log" \
+# strace runs nbdkit itself; under a sanitizer build it passes the runtime.
+asan=()
+[ -z "$SANITIZER_LIBASAN" ] ||
+    asan=(-E "LD_PRELOAD=$SANITIZER_LIBASAN" -E "ASAN_OPTIONS=detect_leaks=0")
+strace -f -qq -e trace=fdatasync -o "$log" "${asan[@]}" \
     nbdkit -f -P "$pidfile" -U "$sock" "$PLUGIN" \
         "$tmpdir/wide.table" "$tmpdir/multi.table" &
 strace_pid=$!
