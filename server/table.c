@@ -399,8 +399,10 @@ table_summary (const struct table *t, char *buf, size_t len)
   return used;
 }
 
-size_t
-table_format (const struct table *t, char *buf, size_t len)
+/* One line per target: "start len type " + status(type). */
+static size_t
+format_lines (const struct table *t, enum status_type type, char *buf,
+              size_t len)
 {
   size_t used = 0;
 
@@ -415,12 +417,12 @@ table_format (const struct table *t, char *buf, size_t len)
       size_t n;
       if (used < len) {
         buf[used] = used + 1 < len ? ' ' : '\0';
-        n = ti->type->status (ti, STATUSTYPE_TABLE,
+        n = ti->type->status (ti, type,
                               used + 1 < len ? buf + used + 1 : NULL,
                               used + 1 < len ? len - used - 1 : 0);
       }
       else
-        n = ti->type->status (ti, STATUSTYPE_TABLE, NULL, 0);
+        n = ti->type->status (ti, type, NULL, 0);
       if (n > 0)
         used += 1 + n;
       else if (used < len)
@@ -429,4 +431,31 @@ table_format (const struct table *t, char *buf, size_t len)
     used = append (buf, len, used, "\n");
   }
   return used;
+}
+
+size_t
+table_format (const struct table *t, char *buf, size_t len)
+{
+  return format_lines (t, STATUSTYPE_TABLE, buf, len);
+}
+
+size_t
+table_status_format (const struct table *t, char *buf, size_t len)
+{
+  return format_lines (t, STATUSTYPE_INFO, buf, len);
+}
+
+size_t
+target_type_count (void)
+{
+  return ARRAY_SIZE (target_types);
+}
+
+const char *
+target_type_info (size_t i, unsigned version[3])
+{
+  if (i >= ARRAY_SIZE (target_types))
+    return NULL;
+  memcpy (version, target_types[i]->version, 3 * sizeof (unsigned));
+  return target_types[i]->name;
 }

@@ -53,6 +53,12 @@ struct target_type {
                            int (*fn) (struct target *ti, struct backend *be,
                                       void *data),
                            void *data);
+  /* Optional: handle "message SECTOR WORDS..." addressed to this target
+   * (dmsetup message); write any reply into reply/len (snprintf style).
+   * 0 or -errno with err filled.  NULL: the target takes no messages.
+   */
+  int (*message) (struct target *ti, unsigned argc, char **argv,
+                  char *reply, size_t len, struct mapper_err *err);
 };
 
 /* targets/ */

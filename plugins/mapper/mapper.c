@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <ev.h>
 #include <libnbd.h>
@@ -19,6 +20,7 @@
 #include <nbdkit-plugin.h>
 
 #include "engine.h"
+#include "control.h"
 
 /* -D mapper.io=1: log how each request is split. */
 NBDKIT_DLL_PUBLIC int mapper_debug_io = 0;
@@ -92,13 +94,23 @@ add_table_dir (const char *dir)
   return 0;
 }
 
+static bool have_tables_dir;
+
 static int
 mapper_config (const char *key, const char *value)
 {
+  int r;
+
   if (strcmp (key, "table") == 0)
     return add_table_file (value);
-  if (strcmp (key, "tables") == 0)
+  if (strcmp (key, "tables") == 0) {
+    /* The last tables=DIR is where runtime changes are saved. */
+    have_tables_dir = true;
+    control_set_tables_dir (value);
     return add_table_dir (value);
+  }
+  if ((r = control_config (key, value)) != 0)
+    return r == 1 ? 0 : -1;
   nbdkit_error ("unknown parameter '%s'", key);
   return -1;
 }
@@ -129,6 +141,14 @@ device_name_of (const char *path)
   return strndup (base, len);
 }
 
+static bool
+is_empty_file (const char *path)
+{
+  struct stat st;
+
+  return stat (path, &st) == 0 && S_ISREG (st.st_mode) && st.st_size == 0;
+}
+
 static int
 load_device (const char *path)
 {
@@ -149,6 +169,11 @@ load_device (const char *path)
     nbdkit_error ("%s: %s", path, err.msg);
     return -1;
   }
+  /* An empty file is a device created without a table (saved by the
+   * control export): it comes back suspended and empty, as it was.
+   */
+  if (is_empty_file (path))
+    return 0;
   if (table_parse_file (path, &t, &err) < 0) {
     nbdkit_error ("%s", err.msg);
     device_destroy (dev);
@@ -169,10 +194,14 @@ mapper_config_complete (void)
   mapper_debug = log_debug;
   mapper_trace_io = mapper_debug_io != 0;
 
-  if (nr_table_files == 0) {
-    nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR");
+  if (nr_table_files == 0 && !have_tables_dir) {
+    nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR "
+                  "(which may start empty: devices are then created at "
+                  "run time with nbdmsetup)");
     return -1;
   }
+  if (control_config_complete () == -1)
+    return -1;
   for (size_t i = 0; i < nr_table_files; i++)
     if (load_device (table_files[i]) == -1)
       return -1;
@@ -207,6 +236,7 @@ mapper_unload (void)
   for (size_t i = 0; i < nr_table_files; i++)
     free (table_files[i]);
   free (table_files);
+  control_unload ();
 }
 
 static void
@@ -227,36 +257,52 @@ mapper_dump_plugin (void)
   "[table=]FILE        A device table (repeatable); the device is named\n" \
   "                    after the file, without \".table\".  The first\n" \
   "                    one is also the default export.\n" \
-  "tables=DIR          Every *.table file in DIR is a device."
+  "tables=DIR          Every *.table file in DIR is a device; changes made\n" \
+  "                    through the control export are saved there.\n" \
+  control_config_help
 
 /* --- exports and connections ----------------------------------------- */
+
+/* Under the registry lock: devices created or removed at run time
+ * appear in / vanish from the list at once.
+ */
+static int
+add_export (struct device *dev, void *exports)
+{
+  char desc[256];
+
+  device_summary (dev, desc, sizeof desc);
+  return nbdkit_add_export (exports, device_name (dev), desc) == -1 ? -1 : 0;
+}
 
 static int
 mapper_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
 {
-  char desc[256];
+  return device_foreach (add_export, exports) ? -1 : 0;
+}
 
-  for (size_t i = 0; ; i++) {
-    struct device *dev = device_nth (i);
-    if (dev == NULL)
-      break;
-    device_summary (dev, desc, sizeof desc);
-    if (nbdkit_add_export (exports, device_name (dev), desc) == -1)
-      return -1;
-  }
-  return 0;
+static int
+first_name (struct device *dev, void *out)
+{
+  *(const char **) out = nbdkit_strdup_intern (device_name (dev));
+  return 1;
 }
 
 static const char *
 mapper_default_export (int readonly, int is_tls)
 {
-  struct device *dev = device_nth (0);
+  const char *name = NULL;
 
-  return dev ? device_name (dev) : NULL;
+  device_foreach (first_name, &name);
+  return name;
 }
 
+/* A connection: to a device (holding a reference and an open count) or
+ * to the control export.  Read-only after open.
+ */
 struct handle {
-  struct device *dev;           /* read-only after open */
+  struct device *dev;
+  struct control_conn *ctl;
 };
 
 static void *
@@ -268,19 +314,32 @@ mapper_open (int readonly)
 
   if (name == NULL || *name == '\0')
     name = mapper_default_export (readonly, 0);
-  dev = name ? device_lookup (name) : NULL;
+  if (control_is_export (name)) {
+    h = calloc (1, sizeof *h);
+    if (h == NULL) {
+      nbdkit_error ("calloc: %m");
+      return NULL;
+    }
+    h->ctl = control_open (readonly);
+    if (h->ctl == NULL) {
+      free (h);
+      return NULL;
+    }
+    return h;
+  }
+  dev = name ? device_open (name) : NULL;
   if (dev == NULL) {
     nbdkit_error ("no such device: %s", name ? name : "(none)");
     errno = ENOENT;
     return NULL;
   }
-  h = malloc (sizeof *h);
+  h = calloc (1, sizeof *h);
   if (h == NULL) {
-    nbdkit_error ("malloc: %m");
+    nbdkit_error ("calloc: %m");
+    device_close (dev);
     return NULL;
   }
   h->dev = dev;
-  device_open_count_add (dev, 1);
   return h;
 }
 
@@ -289,7 +348,10 @@ mapper_close (void *handle)
 {
   struct handle *h = handle;
 
-  device_open_count_add (h->dev, -1);
+  if (h->ctl)
+    control_close (h->ctl);
+  else
+    device_close (h->dev);
   free (h);
 }
 
@@ -299,6 +361,9 @@ mapper_export_description (void *handle)
   struct handle *h = handle;
   char desc[256];
 
+  if (h->ctl)
+    return "nbdmapper control export: write a request at offset 0, "
+      "flush to execute it, read the response at 0 (see nbdmsetup(8))";
   device_summary (h->dev, desc, sizeof desc);
   return nbdkit_strdup_intern (desc);
 }
@@ -312,6 +377,15 @@ caps_of (void *handle)
   struct handle *h = handle;
   struct mapper_caps c = { 0 };
 
+  if (h->ctl) {
+    /* Written and flushed by one client at a time: no more. */
+    c.size = control_get_size (h->ctl);
+    c.can_write = c.can_flush = true;
+    c.block_min = 1;
+    c.block_pref = 4096;
+    c.block_max = 0xffffffff;
+    return c;
+  }
   device_get_caps (h->dev, &c);
   return c;
 }
@@ -386,6 +460,8 @@ mapper_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
   struct handle *h = handle;
+  if (h->ctl)
+    return control_pread (h->ctl, buf, count, offset);
   return result (device_pread (h->dev, buf, count, offset,
                                engine_flags (flags)));
 }
@@ -395,6 +471,8 @@ mapper_pwrite (void *handle, const void *buf, uint32_t count,
                uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
+  if (h->ctl)
+    return control_pwrite (h->ctl, buf, count, offset);
   return result (device_pwrite (h->dev, buf, count, offset,
                                 engine_flags (flags)));
 }
@@ -403,6 +481,8 @@ static int
 mapper_flush (void *handle, uint32_t flags)
 {
   struct handle *h = handle;
+  if (h->ctl)
+    return control_flush (h->ctl);
   return result (device_flush (h->dev, engine_flags (flags)));
 }
 
