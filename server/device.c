@@ -14,11 +14,13 @@
 
 DEFINE_VECTOR_TYPE (device_vector, struct device *);
 
-/* Protects the registry (not the devices in it).  Taken when devices are
- * created, removed, listed or looked up at connection open: never per
- * request.
+/* Protects the registry (not the devices in it) and each device's name
+ * and uuid.  Taken when devices are created, removed, listed or looked up
+ * at connection open: never per request.  Recursive so device_foreach
+ * callbacks may use the accessors that take it.  Order: devices_lock
+ * before any dev->lock.
  */
-static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t devices_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static device_vector devices;          /* in creation order */
 
 int
