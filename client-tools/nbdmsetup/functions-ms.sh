@@ -1,0 +1,50 @@
+# Sourced by the nbdmsetup tests: tests/functions.sh plus a daemonised
+# server on a Unix socket and helpers to run nbdmsetup.
+: "${top_srcdir:=$(cd "$(dirname "$0")/../.." && pwd)}"
+: "${top_builddir:=$top_srcdir}"
+source "$top_srcdir/tests/functions.sh"
+: "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
+export NBDMSETUP
+
+requires nbdkit --version
+requires test -x "$NBDMSETUP"
+
+sock=$tmpdir/sock
+export NBDMSETUP_URI="nbd+unix:///control?socket=$sock"
+unset NBDMSETUP_KEY
+
+# start_server ARGS...: nbdkit mapper in the background on $sock.
+start_server ()
+{
+    rm -f "$tmpdir/pid"
+    mapper -U "$sock" -P "$tmpdir/pid" "$@"
+    cleanup_fn "stop_server"
+}
+stop_server ()
+{
+    if [ -s "$tmpdir/pid" ]; then
+        local p
+        p=$(cat "$tmpdir/pid")
+        kill "$p" 2>/dev/null || :
+        # Wait for it to go (it holds the socket and the table files).
+        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        rm -f "$tmpdir/pid"
+    fi
+}
+
+ms () { "$NBDMSETUP" "$@"; }
+
+# fails PATTERN CMD...: CMD must exit 1 with a "nbdmsetup: " message
+# matching PATTERN (grep -E).
+fails ()
+{
+    local pat=$1 rc=0
+    shift
+    "$@" > "$tmpdir/fails.out" 2> "$tmpdir/fails.err" || rc=$?
+    [ "$rc" -eq 1 ] || { cat "$tmpdir/fails.err"; die "$*: exit $rc, expected 1"; }
+    grep -q '^nbdmsetup: ' "$tmpdir/fails.err" ||
+        die "$*: no 'nbdmsetup:' message: $(cat "$tmpdir/fails.err")"
+    grep -Eq -- "$pat" "$tmpdir/fails.err" ||
+        die "$*: message '$(cat "$tmpdir/fails.err")' does not match /$pat/"
+    echo "refused as expected: $(cat "$tmpdir/fails.err")"
+}
