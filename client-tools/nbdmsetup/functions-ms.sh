@@ -30,6 +30,7 @@ stop_server ()
         for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
         rm -f "$tmpdir/pid"
     fi
+    rm -f "$sock"
 }
 
 ms () { "$NBDMSETUP" "$@"; }

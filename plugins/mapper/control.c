@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -63,7 +64,7 @@ control_config (const char *k, const char *value)
     return -1;
   }
   if (proto_read_key (value, &key, &keylen, errmsg, sizeof errmsg) == -1) {
-    nbdkit_error ("control-key=%s", errmsg);
+    nbdkit_error ("control-key: %s", errmsg);
     return -1;
   }
   return 1;
@@ -911,8 +912,15 @@ control_open (int readonly)
     goto err;
   }
   if (key == NULL) {
-    int64_t uid = nbdkit_peer_uid ();
-    if (uid == -1)
+    struct sockaddr_storage ss;
+    socklen_t sslen = sizeof ss;
+    int64_t uid = -1;
+
+    /* Only a Unix socket tells who the peer is (SO_PEERCRED). */
+    if (nbdkit_peer_name ((struct sockaddr *) &ss, &sslen) == 0 &&
+        ss.ss_family == AF_UNIX)
+      uid = nbdkit_peer_uid ();
+    if (uid < 0 || uid == (uid_t) -1)
       c->denied = strdup ("control over TCP needs a key: start the server "
                           "with control-key=FILE and use nbdmsetup --key, "
                           "or connect over the Unix socket");
