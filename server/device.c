@@ -521,10 +521,12 @@ int
 device_replace (struct device *dev, struct table *t, struct mapper_err *err)
 {
   struct table *old_live, *old_inactive;
+  struct timespec t0, t1;
   bool was_suspended;
   int r;
 
   pthread_mutex_lock (&dev->lock);
+  clock_gettime (CLOCK_MONOTONIC, &t0);
   was_suspended = atomic_load (&dev->suspended);
   r = suspend_locked (dev, false);
   if (r < 0) {
@@ -544,9 +546,15 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
   dev->event_nr++;
   atomic_store (&dev->suspended, false);
   pthread_cond_broadcast (&dev->cond);
+  clock_gettime (CLOCK_MONOTONIC, &t1);
   pthread_mutex_unlock (&dev->lock);
   table_free (old_live);
   table_free (old_inactive);
+  /* The suspended window, for bench/bench-reload (nbdkit -v). */
+  if (mapper_debug)
+    mapper_debug ("device %s: replace: suspended for %" PRIu64 " ns",
+                  dev->name, (uint64_t) ((t1.tv_sec - t0.tv_sec) * 1000000000LL
+                                         + (t1.tv_nsec - t0.tv_nsec)));
   return 0;
 }
 
