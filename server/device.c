@@ -522,23 +522,28 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
 {
   struct table *old_live, *old_inactive;
   struct timespec t0, t1;
-  bool was_suspended;
   int r;
 
+  /* Make what is written so far durable before the window, so the
+   * flush that must follow the swap has little left to do.
+   */
   pthread_mutex_lock (&dev->lock);
-  clock_gettime (CLOCK_MONOTONIC, &t0);
-  was_suspended = atomic_load (&dev->suspended);
-  r = suspend_locked (dev, false);
-  if (r < 0) {
-    /* The flush failed: leave the device as it was. */
-    atomic_store (&dev->suspended, was_suspended);
-    pthread_cond_broadcast (&dev->cond);
-    pthread_mutex_unlock (&dev->lock);
-    mapper_err_set (err, "device '%s': flush before the swap failed: %s",
-                    dev->name, strerror (-r));
-    table_free (t);
-    return r;
+  if (dev->live && !atomic_load (&dev->suspended)) {
+    backend_vector *bes = &dev->live->backends;
+    r = io_flush_backends (bes->ptr, bes->len);
+    if (r < 0) {
+      pthread_mutex_unlock (&dev->lock);
+      mapper_err_set (err, "device '%s': flush before the swap failed: %s",
+                      dev->name, strerror (-r));
+      table_free (t);
+      return r;
+    }
   }
+  /* Suspended only for the drain: the old table's backends are flushed
+   * after the swap, outside the window.
+   */
+  clock_gettime (CLOCK_MONOTONIC, &t0);
+  suspend_locked (dev, true);   /* noflush: cannot fail */
   old_live = dev->live;
   old_inactive = dev->inactive;
   dev->live = t;
@@ -548,6 +553,15 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
   pthread_cond_broadcast (&dev->cond);
   clock_gettime (CLOCK_MONOTONIC, &t1);
   pthread_mutex_unlock (&dev->lock);
+  /* Writes that went through the old table are durable before replace
+   * returns (its backends may not all be in the new one).  Clean
+   * backends cost nothing here.
+   */
+  if (old_live &&
+      (r = io_flush_backends (old_live->backends.ptr,
+                              old_live->backends.len)) < 0 && mapper_debug)
+    mapper_debug ("device %s: replace: flushing the old table: %s",
+                  dev->name, strerror (-r));
   table_free (old_live);
   table_free (old_inactive);
   /* The suspended window, for bench/bench-reload (nbdkit -v). */
