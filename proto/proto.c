@@ -451,3 +451,38 @@ proto_read_key (const char *path, uint8_t **key, size_t *keylen,
   *keylen = n;
   return 0;
 }
+
+/* Mask the key (second argument) of crypt lines, as dmsetup does without
+ * --showkeys: hex digits become zeros; a keyring reference (":...")
+ * names no secret and is kept.
+ */
+void
+proto_mask_crypt_keys (char *text)
+{
+  char *line = text;
+
+  while (*line) {
+    char *end = strchr (line, '\n');
+    char *words[5];
+    size_t lens[5];
+    int n = 0;
+
+    if (end == NULL)
+      end = line + strlen (line);
+    for (char *p = line; p < end && n < 5; ) {
+      while (p < end && (*p == ' ' || *p == '\t'))
+        p++;
+      if (p == end)
+        break;
+      words[n] = p;
+      while (p < end && *p != ' ' && *p != '\t')
+        p++;
+      lens[n] = p - words[n];
+      n++;
+    }
+    if (n == 5 && lens[2] == 5 && strncmp (words[2], "crypt", 5) == 0 &&
+        words[4][0] != ':' && words[4][0] != '-')
+      memset (words[4], '0', lens[4]);
+    line = *end ? end + 1 : end;
+  }
+}

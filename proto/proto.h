@@ -137,4 +137,10 @@ int proto_decode_response_header (const uint8_t *msg, size_t len,
 int proto_read_key (const char *path, uint8_t **key, size_t *keylen,
                     char *errmsg, size_t errlen);
 
+/* Table text (dmsetup format, in place): replace the key (fifth word)
+ * of every crypt line by as many '0's, as dmsetup does without
+ * --showkeys.  Keyring references (":...") and "-" are kept.
+ */
+void proto_mask_crypt_keys (char *text);
+
 #endif /* NBDMAPPER_PROTO_H */

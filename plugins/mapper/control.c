@@ -350,41 +350,6 @@ cmd_info (struct reply *rp, struct proto_request *req)
   return one_or_all (rp, req, info_one);
 }
 
-/* Mask the key (second argument) of crypt lines, as dmsetup does without
- * --showkeys: hex digits become zeros; a keyring reference (":...")
- * names no secret and is kept.
- */
-static void
-mask_crypt_keys (char *text)
-{
-  char *line = text;
-
-  while (*line) {
-    char *end = strchr (line, '\n');
-    char *words[5];
-    size_t lens[5];
-    int n = 0;
-
-    if (end == NULL)
-      end = line + strlen (line);
-    for (char *p = line; p < end && n < 5; ) {
-      while (p < end && (*p == ' ' || *p == '\t'))
-        p++;
-      if (p == end)
-        break;
-      words[n] = p;
-      while (p < end && *p != ' ' && *p != '\t')
-        p++;
-      lens[n] = p - words[n];
-      n++;
-    }
-    if (n == 5 && lens[2] == 5 && strncmp (words[2], "crypt", 5) == 0 &&
-        words[4][0] != ':' && words[4][0] != '-')
-      memset (words[4], '0', lens[4]);
-    line = *end ? end + 1 : end;
-  }
-}
-
 /* "name\tline" for each line of text; "name\t" alone for an empty one. */
 static void
 emit_lines (FILE *out, const char *name, const char *text)
@@ -412,7 +377,7 @@ table_one (struct device *dev, void *opaque)
   if (text == NULL)
     return fail (rp, -r, "table: out of memory");
   if (!(rp->status & PROTO_F_SHOWKEYS))
-    mask_crypt_keys (text);
+    proto_mask_crypt_keys (text);
   emit_lines (rp->out, device_name (dev), text);
   free (text);
   return 0;
