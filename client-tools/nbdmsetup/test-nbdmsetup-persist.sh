@@ -38,6 +38,8 @@ diff -u "$tmpdir/before" "$tmpdir/after" || die "tables differ after restart"
 ms info empty1 | grep -q '^State:             SUSPENDED$' || die "empty1 state"
 ms info empty1 | grep -q '^Tables present:    None$' || die "empty1 tables"
 [ "$(ms table l1)" = "0 20 zero" ] || die "resumed table not saved"
+ms info c3 | grep -q '^UUID: U2$' || die "uuid not saved across rename+restart"
+head -1 "$dir/empty1.table" | grep -qx '# nbdmapper-no-table' || die "empty1 file"
 [ "$(ms table c1)" = "0 100 linear $a 0" ] || die "inactive table was saved"
 stop_server
 

@@ -113,16 +113,60 @@ fsync_dir (void)
   return r;
 }
 
-/* DIR/NAME.table := text, atomically. */
-static int
-persist_write (const char *name, const char *text, char **msg)
+#define UUID_TAG "# nbdmapper-uuid: "
+#define NO_TABLE_TAG "# nbdmapper-no-table"
+
+int
+control_restore (struct device *dev, const char *path)
 {
-  char *tmp = NULL, *path = NULL;
-  size_t len = strlen (text);
+  struct mapper_err err = { "" };
+  FILE *fp = fopen (path, "r");
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  int r = 0;
+
+  if (fp == NULL)
+    return 0;                   /* table_parse_file reports it */
+  while (r == 0 && (n = getline (&line, &cap, fp)) > 0) {
+    if (line[n - 1] == '\n')
+      line[--n] = '\0';
+    if (strncmp (line, UUID_TAG, strlen (UUID_TAG)) == 0) {
+      if (device_set_uuid (dev, line + strlen (UUID_TAG), &err) < 0) {
+        nbdkit_error ("%s: %s", path, err.msg);
+        r = -1;
+      }
+    }
+    else if (strcmp (line, NO_TABLE_TAG) == 0)
+      r = 1;
+    else if (line[0] != '#')
+      break;                    /* the header ends at the first table line */
+  }
+  free (line);
+  fclose (fp);
+  return r;
+}
+
+/* DIR/NAME.table := header + text, atomically. */
+static int
+persist_write (const char *name, const char *uuid, const char *text,
+               char **msg)
+{
+  char *tmp = NULL, *path = NULL, *all = NULL;
+  size_t len;
   int fd = -1, r = 0;
 
   if (tables_dir == NULL)
     return 0;
+  if (asprintf (&all, "%s%s%s%s%s", uuid ? UUID_TAG : "", uuid ? uuid : "",
+                uuid ? "\n" : "", *text ? "" : NO_TABLE_TAG "\n",
+                text) == -1) {
+    all = NULL;
+    r = -ENOMEM;
+    goto out;
+  }
+  text = all;
+  len = strlen (text);
   if (asprintf (&tmp, "%s/.%s.table.tmp", tables_dir, name) == -1 ||
       asprintf (&path, "%s/%s.table", tables_dir, name) == -1) {
     r = -ENOMEM;
@@ -164,6 +208,7 @@ persist_write (const char *name, const char *text, char **msg)
   }
   free (tmp);
   free (path);
+  free (all);
   return r;
 }
 
@@ -433,10 +478,11 @@ cmd_targets (struct reply *rp, struct proto_request *req)
  * the reply says why.
  */
 static int
-save (struct reply *rp, const char *name, const char *text)
+save (struct reply *rp, const char *name, const char *uuid,
+      const char *text)
 {
   char *msg = NULL;
-  int r = persist_write (name, text, &msg);
+  int r = persist_write (name, uuid, text, &msg);
 
   if (r < 0) {
     fail (rp, -r, "%s", msg ? msg : "out of memory");
@@ -494,7 +540,7 @@ cmd_create (struct reply *rp, struct proto_request *req)
     fail (rp, -r, "create %s: %s", name, err.msg);
     goto err_dev;
   }
-  if (save (rp, name, text ? text : "") == -1)
+  if (save (rp, name, *uuid ? uuid : NULL, text ? text : "") == -1)
     goto err_dev;
   if (t) {
     device_load (dev, t);
@@ -584,7 +630,9 @@ cmd_resume (struct reply *rp, struct proto_request *req)
     if (text == NULL)
       r = fail (rp, -r, "out of memory");
     else {
-      r = save (rp, req->args[0], text);
+      char *uuid = device_uuid (dev);
+      r = save (rp, req->args[0], uuid, text);
+      free (uuid);
       free (text);
     }
   }
@@ -614,7 +662,11 @@ cmd_replace (struct reply *rp, struct proto_request *req)
     table_free (t);
     goto out;
   }
-  r = save (rp, req->args[0], text);
+  {
+    char *uuid = device_uuid (dev);
+    r = save (rp, req->args[0], uuid, text);
+    free (uuid);
+  }
   free (text);
   if (r == -1) {
     table_free (t);

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <ev.h>
 #include <libnbd.h>
@@ -141,14 +140,6 @@ device_name_of (const char *path)
   return strndup (base, len);
 }
 
-static bool
-is_empty_file (const char *path)
-{
-  struct stat st;
-
-  return stat (path, &st) == 0 && S_ISREG (st.st_mode) && st.st_size == 0;
-}
-
 static int
 load_device (const char *path)
 {
@@ -169,11 +160,15 @@ load_device (const char *path)
     nbdkit_error ("%s: %s", path, err.msg);
     return -1;
   }
-  /* An empty file is a device created without a table (saved by the
-   * control export): it comes back suspended and empty, as it was.
+  /* What the control export saved besides the table: the uuid, or that
+   * the device has no table (it then comes back suspended and empty).
    */
-  if (is_empty_file (path))
-    return 0;
+  if ((r = control_restore (dev, path)) != 0) {
+    if (r == 1)
+      return 0;
+    device_destroy (dev);
+    return -1;
+  }
   if (table_parse_file (path, &t, &err) < 0) {
     nbdkit_error ("%s", err.msg);
     device_destroy (dev);
