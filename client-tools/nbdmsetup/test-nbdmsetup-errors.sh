@@ -74,6 +74,14 @@ fails 'no control export' env -u NBDMSETUP_URI "$NBDMSETUP" ls
 fails "$tmpdir/missing.table" ms load d1 "$tmpdir/missing.table"
 fails 'nbd\+unix' ms -c "nbd+unix:///control?socket=$tmpdir/nosock" ls
 
+# A request over 16 MiB is refused before it is sent.
+head -c $((17 << 20)) /dev/zero | tr '\0' '#' > "$tmpdir/huge.table"
+fails 'larger than the 16 MiB maximum' ms load d1 "$tmpdir/huge.table"
+unchanged huge
+
+# The plugin documents control-key=.
+mapper --help 2>&1 | grep -q 'control-key=FILE' || die "--help: no control-key"
+
 # The wrong export: a device.  nbdmsetup reads first and never writes it.
 fails 'not an nbdmapper control export' \
     ms -c "nbd+unix:///d1?socket=$sock" ls
