@@ -547,7 +547,9 @@ cmd_create (struct reply *rp, struct proto_request *req)
     t = NULL;
     if ((r = device_resume (dev, &err)) < 0) {
       fail (rp, -r, "create %s: %s", name, err.msg);
-      persist_remove (name, &(char *) { NULL });
+      char *msg = NULL;
+      persist_remove (name, &msg);
+      free (msg);
       goto err_dev;
     }
   }
@@ -647,8 +649,8 @@ cmd_replace (struct reply *rp, struct proto_request *req)
 {
   struct mapper_err err = { "" };
   struct device *dev;
-  struct table *t;
-  char *text;
+  struct table *t = NULL;
+  char *text = NULL, *old_text = NULL, *uuid = NULL;
   int r = -1;
 
   if (need_args (rp, req, 2, 2) == -1)
@@ -656,25 +658,30 @@ cmd_replace (struct reply *rp, struct proto_request *req)
   if ((dev = get_device (rp, "replace", req->args[0])) == NULL)
     return -1;
   t = parse_table (rp, "replace", req->args[0], req->args[1]);
-  if (t == NULL)
+  if (t == NULL || (text = format_table (rp, t)) == NULL)
     goto out;
-  if ((text = format_table (rp, t)) == NULL) {
-    table_free (t);
-    goto out;
-  }
-  {
-    char *uuid = device_uuid (dev);
-    r = save (rp, req->args[0], uuid, text);
-    free (uuid);
-  }
-  free (text);
-  if (r == -1) {
-    table_free (t);
+  uuid = device_uuid (dev);
+  /* Kept to put the file back if the swap itself fails. */
+  if ((old_text = device_table_text (dev, false, &r)) == NULL) {
+    fail (rp, -r, "out of memory");
+    r = -1;
     goto out;
   }
-  if ((r = device_replace (dev, t, &err)) < 0)
+  if ((r = save (rp, req->args[0], uuid, text)) == -1)
+    goto out;
+  r = device_replace (dev, t, &err);
+  t = NULL;                     /* taken, even on failure */
+  if (r < 0) {
+    char *msg = NULL;
+    persist_write (req->args[0], uuid, old_text, &msg);
+    free (msg);
     fail (rp, -r, "replace: %s", err.msg);
+  }
  out:
+  table_free (t);
+  free (text);
+  free (old_text);
+  free (uuid);
   device_put (dev);
   return r < 0 ? -1 : 0;
 }
@@ -937,16 +944,25 @@ control_open (int readonly)
     if (nbdkit_peer_name ((struct sockaddr *) &ss, &sslen) == 0 &&
         ss.ss_family == AF_UNIX)
       uid = nbdkit_peer_uid ();
-    if (uid < 0 || uid == (uid_t) -1)
+    bool deny = false;
+    if (uid < 0 || uid == (uid_t) -1) {
+      deny = true;
       c->denied = strdup ("control over TCP needs a key: start the server "
                           "with control-key=FILE and use nbdmsetup --key, "
                           "or connect over the Unix socket");
+    }
     else if (uid != 0 && uid != (int64_t) geteuid ()) {
+      deny = true;
       if (asprintf (&c->denied, "control refused for uid %" PRIi64 ": only "
                     "root and the server's user (uid %u) may control "
                     "without control-key=FILE", uid,
                     (unsigned) geteuid ()) == -1)
         c->denied = NULL;
+    }
+    /* Fail closed: no message, no connection. */
+    if (deny && c->denied == NULL) {
+      nbdkit_error ("control: out of memory");
+      goto err;
     }
     if (c->denied)
       nbdkit_debug ("control: %s", c->denied);
