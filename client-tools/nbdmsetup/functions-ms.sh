@@ -49,3 +49,20 @@ fails ()
         die "$*: message '$(cat "$tmpdir/fails.err")' does not match /$pat/"
     echo "refused as expected: $(cat "$tmpdir/fails.err")"
 }
+
+# mapper_timeout SECS NBDKIT-ARGS...: nbdkit (ASan-aware, like mapper) under
+# timeout, for servers expected to refuse to start: nbdkit 1.32 with the
+# ASan runtime preloaded may hang after a configuration error instead of
+# exiting.  Put the plugin ("$PLUGIN") yourself after the options.
+mapper_timeout ()
+{
+    local secs=$1
+    shift
+    if [ -n "$SANITIZER_LIBASAN" ]; then
+        timeout "$secs" env LD_PRELOAD="$SANITIZER_LIBASAN" \
+            ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
+            nbdkit "$@"
+    else
+        timeout "$secs" nbdkit "$@"
+    fi
+}

@@ -14,7 +14,7 @@ refuse_start ()
 {
     local pat=$1 rc=0
     shift
-    mapper -U "$tmpdir/s2" "$tmpdir/d1.table" "$@" --run true \
+    mapper_timeout 30 -U "$tmpdir/s2" --run true "$PLUGIN" "$tmpdir/d1.table" "$@" \
         > "$tmpdir/start.out" 2>&1 || rc=$?
     [ "$rc" -ne 0 ] || die "server started with $*"
     grep -Eq -- "$pat" "$tmpdir/start.out" ||

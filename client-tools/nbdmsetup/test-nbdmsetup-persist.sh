@@ -51,7 +51,8 @@ if setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
     chmod 755 "$tmpdir" "$tmpdir/ro"; chmod 644 "$tmpdir/ro/r.table"
     rc=0
     setpriv --reuid=65534 --regid=65534 --clear-groups \
-        nbdkit -U - "$PLUGIN" tables="$tmpdir/ro" --run true \
+        env ${SANITIZER_LIBASAN:+LD_PRELOAD=$SANITIZER_LIBASAN} \
+        timeout 30 nbdkit -U - --run true "$PLUGIN" tables="$tmpdir/ro" \
         > "$tmpdir/ro.out" 2>&1 || rc=$?
     chmod 700 "$tmpdir"
     cat "$tmpdir/ro.out"
