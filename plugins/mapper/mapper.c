@@ -88,7 +88,11 @@ add_table_dir (const char *dir)
     return -1;
   }
   closedir (dp);
-  qsort (table_files + first, nr_table_files - first, sizeof *table_files,
+  /* An empty DIR is fine (devices come from the control export), but
+   * table_files may still be NULL: qsort must not see it.
+   */
+  if (nr_table_files > first)
+    qsort (table_files + first, nr_table_files - first, sizeof *table_files,
          cmp_strings);
   return 0;
 }
