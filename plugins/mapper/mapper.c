@@ -92,8 +92,8 @@ add_table_dir (const char *dir)
    * table_files may still be NULL: qsort must not see it.
    */
   if (nr_table_files > first)
-    qsort (table_files + first, nr_table_files - first, sizeof *table_files,
-         cmp_strings);
+    qsort (table_files + first, nr_table_files - first,
+           sizeof *table_files, cmp_strings);
   return 0;
 }
 
