@@ -434,18 +434,20 @@ device_remove (struct device *dev, bool force, struct mapper_err *err)
     /* Connected clients get EIO from now on instead of reaching the
      * backends of a device that no longer exists.
      */
+    /* A device without a table gets a one-sector error table too, so
+     * requests its clients have waiting (flush) are released.
+     */
     struct device_info info;
+    char text[64];
+    struct table *t;
+
     device_get_info (dev, &info);
-    if (info.live && info.size > 0) {
-      char text[64];
-      struct table *t;
-      snprintf (text, sizeof text, "0 %" PRIu64 " error\n",
-                info.size >> MAPPER_SECTOR_SHIFT);
-      if ((r = table_parse (text, "<remove --force>", &t, err)) < 0)
-        return r;
-      if ((r = device_replace (dev, t, err)) < 0)
-        return r;
-    }
+    snprintf (text, sizeof text, "0 %" PRIu64 " error\n",
+              MAX (info.size >> MAPPER_SECTOR_SHIFT, (uint64_t) 1));
+    if ((r = table_parse (text, "<remove --force>", &t, err)) < 0)
+      return r;
+    if ((r = device_replace (dev, t, err)) < 0)
+      return r;
   }
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);

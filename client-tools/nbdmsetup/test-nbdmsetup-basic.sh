@@ -121,4 +121,18 @@ ms remove z3
 e1" ] || die "ls after remove: $(ms ls)"
 [ ! -e "$tmpdir/tables/z3.table" ] || die "remove not persisted"
 
+# A client of a device without a table sees size 0 and no flush (so no
+# request can wait forever); remove needs --force while it is connected.
+ms create hold
+nbdsh -u "nbd+unix:///hold?socket=$sock" -c '
+import subprocess, os
+assert h.get_size() == 0
+assert not h.can_flush()
+r = subprocess.run([os.environ["NBDMSETUP"], "remove", "hold"],
+                   capture_output=True, text=True)
+assert r.returncode == 1 and "open by 1 connection" in r.stderr, r
+subprocess.run([os.environ["NBDMSETUP"], "remove", "--force", "hold"],
+               check=True)
+' || die "remove --force of an open device without a table"
+fails 'no such device: hold' ms info hold
 echo "$0: ok"
