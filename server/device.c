@@ -519,31 +519,58 @@ device_clear (struct device *dev)
   table_free (old);
 }
 
+/* The backends of old that new does not use: only their data needs an
+ * explicit flush at a swap.  Shared ones stay covered by the clients'
+ * own flushes, which go to the new table's backends (backends are
+ * shared objects, so pointer equality is identity).
+ */
+static int
+dropped_backends (const struct table *old, const struct table *new,
+                  backend_vector *out)
+{
+  if (old == NULL)
+    return 0;
+  for (size_t i = 0; i < old->backends.len; i++) {
+    bool kept = false;
+    for (size_t j = 0; j < new->backends.len && !kept; j++)
+      kept = old->backends.ptr[i] == new->backends.ptr[j];
+    if (!kept && backend_vector_append (out, old->backends.ptr[i]) == -1)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
 int
 device_replace (struct device *dev, struct table *t, struct mapper_err *err)
 {
   struct table *old_live, *old_inactive;
+  backend_vector dropped = empty_vector;
   struct timespec t0, t1;
   int r;
 
-  /* Make what is written so far durable before the window, so the
-   * flush that must follow the swap has little left to do.
-   */
   pthread_mutex_lock (&dev->lock);
-  if (dev->live && !atomic_load (&dev->suspended)) {
-    backend_vector *bes = &dev->live->backends;
-    r = io_flush_backends (bes->ptr, bes->len);
+  if ((r = dropped_backends (dev->live, t, &dropped)) < 0) {
+    pthread_mutex_unlock (&dev->lock);
+    mapper_err_set (err, "out of memory");
+    table_free (t);
+    return r;
+  }
+  /* Make what is written to the dropped backends so far durable before
+   * the window, so the flush that must follow the swap has little left
+   * to do.
+   */
+  if (dropped.len && !atomic_load (&dev->suspended)) {
+    r = io_flush_backends (dropped.ptr, dropped.len);
     if (r < 0) {
       pthread_mutex_unlock (&dev->lock);
       mapper_err_set (err, "device '%s': flush before the swap failed: %s",
                       dev->name, strerror (-r));
+      backend_vector_reset (&dropped);
       table_free (t);
       return r;
     }
   }
-  /* Suspended only for the drain: the old table's backends are flushed
-   * after the swap, outside the window.
-   */
+  /* Suspended only for the drain. */
   clock_gettime (CLOCK_MONOTONIC, &t0);
   suspend_locked (dev, true);   /* noflush: cannot fail */
   old_live = dev->live;
@@ -555,15 +582,14 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
   pthread_cond_broadcast (&dev->cond);
   clock_gettime (CLOCK_MONOTONIC, &t1);
   pthread_mutex_unlock (&dev->lock);
-  /* Writes that went through the old table are durable before replace
-   * returns (its backends may not all be in the new one).  Clean
-   * backends cost nothing here.
+  /* Writes that went to backends the new table no longer uses are
+   * durable before replace returns (the old table still holds them).
    */
-  if (old_live &&
-      (r = io_flush_backends (old_live->backends.ptr,
-                              old_live->backends.len)) < 0 && mapper_debug)
-    mapper_debug ("device %s: replace: flushing the old table: %s",
+  if (dropped.len &&
+      (r = io_flush_backends (dropped.ptr, dropped.len)) < 0 && mapper_debug)
+    mapper_debug ("device %s: replace: flushing dropped backends: %s",
                   dev->name, strerror (-r));
+  backend_vector_reset (&dropped);
   table_free (old_live);
   table_free (old_inactive);
   /* The suspended window, for bench/bench-reload (nbdkit -v). */
