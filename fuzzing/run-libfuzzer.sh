@@ -7,10 +7,15 @@ set -euo pipefail
 secs=${1:-30}
 top=$(cd "$(dirname "$0")/.." && pwd)
 command -v clang >/dev/null || { echo "$0: clang not found: skipped"; exit 77; }
-[ -f "$top/config.h" ] || { echo "$0: run ./configure first"; exit 1; }
+# config.h from an in-tree configure or scripts/test's build-default.
+cfg=
+for d in "$top" "$top/build-default"; do
+    [ -f "$d/config.h" ] && { cfg=$d; break; }
+done
+[ -n "$cfg" ] || { echo "$0: no config.h: run ./configure (or scripts/test) first"; exit 1; }
 out=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-fuzz.XXXXXX")
 trap 'rm -rf "$out"' EXIT
-flags="-g -O1 -fsanitize=fuzzer,address,undefined -DWITH_LIBFUZZER -I$top -I$top/server -I$top/proto"
+flags="-g -O1 -fsanitize=fuzzer,address,undefined -DWITH_LIBFUZZER -I$cfg -I$top -I$top/server -I$top/proto"
 clang $flags "$top/fuzzing/fuzz-proto.c" "$top/proto/proto.c" -lcrypto \
     -o "$out/fuzz-proto"
 clang $flags -pthread "$top/fuzzing/fuzz-table.c" "$top"/server/*.c \

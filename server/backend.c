@@ -31,13 +31,32 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
     mapper_err_set (err, "empty device path");
     return -EINVAL;
   }
+  /* Another device of this server (stacking): keyed by its name. */
+  if (strncmp (spec, DEVICE_BACKEND_PREFIX,
+               strlen (DEVICE_BACKEND_PREFIX)) == 0) {
+    key = strdup (spec);
+    if (key == NULL) {
+      mapper_err_set (err, "out of memory");
+      return -ENOMEM;
+    }
+    for (be = registry; be; be = be->next)
+      if (strcmp (be->key, key) == 0) {
+        be->refs++;
+        *out = be;
+        return 0;
+      }
+    r = device_backend_open (spec, &be, err);
+    if (r < 0)
+      return r;
+    goto add;
+  }
   /* Local files are the same backend when they are the same inode, by
    * whatever path (symlink, hard link, another device node).
    */
   canonical = realpath (spec, NULL);
   if (canonical == NULL || stat (canonical, &st) == -1) {
     r = -errno;
-    mapper_err_set (err, "%s: %s", spec, strerror (errno));
+    mapper_err_set (err, "%s: %s", spec, mapper_strerror (errno));
     return r;
   }
   if ((r = file_backend_key (&st, &key)) < 0) {
@@ -54,6 +73,7 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
   r = file_backend_open (spec, canonical, &st, &be, err);
   if (r < 0)
     return r;
+ add:
   be->key = key;
   key = NULL;
   backend_flush_init (be);

@@ -80,4 +80,12 @@ int file_backend_open (const char *path, const char *canonical,
                        const struct stat *st, struct backend **out,
                        struct mapper_err *err);
 
+/* backends/device.c: "mapper:NAME", another device of this server. */
+#define DEVICE_BACKEND_PREFIX "mapper:"
+struct device;
+int device_backend_open (const char *spec, struct backend **out,
+                         struct mapper_err *err);
+/* The device behind a device backend, or NULL for other kinds. */
+struct device *device_backend_device (const struct backend *be);
+
 #endif /* NBDMAPPER_BACKEND_H */

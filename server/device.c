@@ -230,6 +230,11 @@ suspend_locked (struct device *dev, bool noflush)
   atomic_store (&dev->suspended, true);
   while (atomic_load (&dev->inflight) != 0)
     pthread_cond_wait (&dev->cond, &dev->lock);
+  /* Background work (mirror resync) stops too: nothing writes the
+   * table's backends until resume.
+   */
+  if (dev->live)
+    table_postsuspend (dev->live);
   if (!noflush && dev->live)
     return io_flush_backends (dev->live->backends.ptr,
                               dev->live->backends.len);
@@ -243,10 +248,76 @@ device_suspend (struct device *dev, bool noflush)
   return suspend_locked (dev, noflush);
 }
 
+/* Deep enough for any sane stack; bounds the walk if something is off. */
+#define MAX_STACK_DEPTH 16
+
+/* Does t reach top through device backends?  path[0..depth) are the
+ * device names walked so far, for the message.
+ */
+static int
+check_stack (struct device *top, const struct table *t, const char **path,
+             unsigned depth, struct mapper_err *err)
+{
+  for (size_t i = 0; i < t->backends.len; i++) {
+    struct device *lower = device_backend_device (t->backends.ptr[i]);
+    int r = 0;
+
+    if (lower == NULL)
+      continue;
+    if (lower == top) {
+      char chain[1024] = "";
+      size_t used = 0;
+      for (unsigned j = 0; j < depth && used < sizeof chain; j++)
+        used += snprintf (chain + used, sizeof chain - used, "%s -> ",
+                          path[j]);
+      if (depth == 1)
+        mapper_err_set (err, "%s%s: device '%s' cannot stack on itself",
+                        DEVICE_BACKEND_PREFIX, top->name, top->name);
+      else
+        mapper_err_set (err, "%s%s: stacking cycle: %s%s",
+                        DEVICE_BACKEND_PREFIX, path[1], chain, top->name);
+      return -ELOOP;
+    }
+    if (depth >= MAX_STACK_DEPTH) {
+      mapper_err_set (err, "%s%s: devices stacked more than %d deep",
+                      DEVICE_BACKEND_PREFIX, lower->name, MAX_STACK_DEPTH);
+      return -ELOOP;
+    }
+    /* Both of its tables: the inactive one may be resumed later.  Locks
+     * are taken top-down, the order every path that nests them uses.
+     */
+    path[depth] = lower->name;
+    pthread_mutex_lock (&lower->lock);
+    if (lower->live)
+      r = check_stack (top, lower->live, path, depth + 1, err);
+    if (r == 0 && lower->inactive)
+      r = check_stack (top, lower->inactive, path, depth + 1, err);
+    pthread_mutex_unlock (&lower->lock);
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
+int
+device_check_table (struct device *dev, const struct table *t,
+                    struct mapper_err *err)
+{
+  const char *path[MAX_STACK_DEPTH + 1] = { dev->name };
+
+  return check_stack (dev, t, path, 1, err);
+}
+
 int
 device_load (struct device *dev, struct table *t)
 {
   struct table *old;
+
+  /* Callers check first for the message; never build a cycle. */
+  if (device_check_table (dev, t, NULL) < 0) {
+    table_free (t);
+    return -ELOOP;
+  }
 
   pthread_mutex_lock (&dev->lock);
   old = dev->inactive;
@@ -275,6 +346,7 @@ device_resume (struct device *dev, struct mapper_err *err)
     mapper_err_set (err, "device '%s' has no table to resume", dev->name);
     return -ENXIO;
   }
+  table_resume (dev->live);
   atomic_store (&dev->suspended, false);
   pthread_cond_broadcast (&dev->cond);
   pthread_mutex_unlock (&dev->lock);
@@ -307,6 +379,19 @@ device_summary (struct device *dev, char *buf, size_t len)
                             (size_t) n < len ? len - n : 0);
 }
 
+size_t
+device_status (struct device *dev, char *buf, size_t len)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+
+  if (dev->live == NULL) {
+    if (len)
+      buf[0] = '\0';
+    return 0;
+  }
+  return table_status (dev->live, buf, len);
+}
+
 void
 device_open_count_add (struct device *dev, int delta)
 {
@@ -327,7 +412,7 @@ device_get (const char *name)
 }
 
 struct device *
-device_open (const char *name)
+device_open_conn (const char *name)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
   struct device *dev = lookup_locked (name);
@@ -340,7 +425,7 @@ device_open (const char *name)
 }
 
 void
-device_close (struct device *dev)
+device_close_conn (struct device *dev)
 {
   atomic_fetch_sub (&dev->open_count, 1);
   device_put (dev);
@@ -564,7 +649,7 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
     if (r < 0) {
       pthread_mutex_unlock (&dev->lock);
       mapper_err_set (err, "device '%s': flush before the swap failed: %s",
-                      dev->name, strerror (-r));
+                      dev->name, mapper_strerror (-r));
       backend_vector_reset (&dropped);
       table_free (t);
       return r;
@@ -578,6 +663,7 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
   dev->live = t;
   dev->inactive = NULL;
   dev->event_nr++;
+  table_resume (t);             /* background work (mirror resync) */
   atomic_store (&dev->suspended, false);
   pthread_cond_broadcast (&dev->cond);
   clock_gettime (CLOCK_MONOTONIC, &t1);
@@ -588,7 +674,7 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
   if (dropped.len &&
       (r = io_flush_backends (dropped.ptr, dropped.len)) < 0 && mapper_debug)
     mapper_debug ("device %s: replace: flushing dropped backends: %s",
-                  dev->name, strerror (-r));
+                  dev->name, mapper_strerror (-r));
   backend_vector_reset (&dropped);
   table_free (old_live);
   table_free (old_inactive);
@@ -615,13 +701,13 @@ slot_text (struct device *dev, bool inactive, enum status_type type, int *r)
     goto out;
   }
   n = type == STATUSTYPE_TABLE ? table_format (t, NULL, 0)
-    : table_status_format (t, NULL, 0);
+    : table_status (t, NULL, 0);
   buf = malloc (n + 1);
   if (buf) {
     if (type == STATUSTYPE_TABLE)
       table_format (t, buf, n + 1);
     else
-      table_status_format (t, buf, n + 1);
+      table_status (t, buf, n + 1);
   }
  out:
   if (buf == NULL)

@@ -12,6 +12,7 @@
 
 mapper_log_fn mapper_debug;
 bool mapper_trace_io;
+bool mapper_flush_per_target;
 
 const char *const io_op_name[] = {
   [IO_READ] = "read", [IO_WRITE] = "write", [IO_ZERO] = "zero",
@@ -27,13 +28,16 @@ mapper_version (void)
 int
 engine_start (struct mapper_err *err)
 {
-  /* Nothing runs in the background yet: local backends complete inline. */
-  return 0;
+  /* Local backends complete inline; the mirror resync worker starts
+   * now if a live mirror needs it, else lazily when one does.
+   */
+  return mirror_resync_start (err);
 }
 
 void
 engine_stop (void)
 {
+  mirror_resync_stop ();
 }
 
 void
@@ -46,6 +50,13 @@ mapper_err_set (struct mapper_err *err, const char *fmt, ...)
   va_start (ap, fmt);
   vsnprintf (err->msg, sizeof err->msg, fmt, ap);
   va_end (ap);
+}
+
+const char *
+mapper_strerror (int errnum)
+{
+  const char *s = strerrordesc_np (errnum);
+  return s ? s : "Unknown error";
 }
 
 void

@@ -21,6 +21,11 @@ struct mapper_err {
 };
 void mapper_err_set (struct mapper_err *err, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
+/* strerror without the locale machinery (messages are English anyway):
+ * glibc's strerror takes the locale lock, which under ASan in nbdkit
+ * deadlocks p11-kit's exit handler.
+ */
+const char *mapper_strerror (int errnum);
 
 struct table;
 struct device;
@@ -58,6 +63,7 @@ typedef void (*mapper_log_fn) (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2)));
 extern mapper_log_fn mapper_debug;   /* NULL: no debug output */
 extern bool mapper_trace_io;         /* log each request's split */
+extern bool mapper_flush_per_target; /* benchmarks only: flush like old dm */
 const char *mapper_version (void);
 /* Start the engine's threads (call after any fork: nbdkit .after_fork)
  * and stop them (nbdkit .cleanup).  0 or -errno.
@@ -78,11 +84,18 @@ size_t table_nr_backends (const struct table *t);
 size_t table_summary (const struct table *t, char *buf, size_t len);
 /* The table in dmsetup table format (one line per target). */
 size_t table_format (const struct table *t, char *buf, size_t len);
+/* Each target's status (dmsetup status format, one line per target). */
+size_t table_status (const struct table *t, char *buf, size_t len);
 
 /* device.c */
 int device_check_name (const char *name, struct mapper_err *err);
 int device_create (const char *name, struct device **out,
                    struct mapper_err *err);
+/* Refuse a table that would make dev stack on itself, directly or
+ * through other devices ("mapper:NAME" backends): -ELOOP.
+ */
+int device_check_table (struct device *dev, const struct table *t,
+                        struct mapper_err *err);
 int device_load (struct device *dev, struct table *t);  /* takes t */
 int device_suspend (struct device *dev, bool noflush);
 int device_resume (struct device *dev, struct mapper_err *err);
@@ -94,6 +107,8 @@ const char *device_name (const struct device *dev);
 /* Snapshot of the live table's capabilities (false if none is live). */
 bool device_get_caps (struct device *dev, struct mapper_caps *caps);
 size_t device_summary (struct device *dev, char *buf, size_t len);
+/* table_status of the live table ("" if none). */
+size_t device_status (struct device *dev, char *buf, size_t len);
 void device_open_count_add (struct device *dev, int delta);
 
 /* device.c: the control plane (lifetime, inspection, changes). */
@@ -106,12 +121,12 @@ struct device_info {
   uint64_t size;                /* of the live table, bytes */
 };
 /* A counted reference to the named device (NULL if none); release with
- * device_put.  device_open also counts an open connection, atomically
+ * device_put.  device_open_conn also counts an open connection, atomically
  * with the lookup, so remove can't race with an open.
  */
 struct device *device_get (const char *name);
-struct device *device_open (const char *name);
-void device_close (struct device *dev);
+struct device *device_open_conn (const char *name);
+void device_close_conn (struct device *dev);
 void device_put (struct device *dev);
 /* Call fn on each device in creation order, under the registry lock
  * (fn must not create/remove/rename devices).  Stops at fn's nonzero.
@@ -153,8 +168,6 @@ int device_wait_event (struct device *dev, uint64_t event_nr,
 /* table.c: the target types built in. */
 size_t target_type_count (void);
 const char *target_type_info (size_t i, unsigned version[3]);
-/* Per-target status (STATUSTYPE_INFO) lines "start len type info". */
-size_t table_status_format (const struct table *t, char *buf, size_t len);
 
 /* io.c: the request path.  Return 0 or -errno. */
 int device_pread (struct device *dev, void *buf, uint32_t count,

@@ -128,7 +128,11 @@ flush_decide (struct flush_slot *s, struct io_req *req)
     *c = (struct clone) {
       .req = req, .be = be, .op = IO_FLUSH, .seq = be->running_seq,
     };
-    s->plan = PLAN_DONE;        /* its result comes through req */
+    /* Its result comes through req; joining our own flush also gives
+     * this backend's own result (io_flush_backends_each).
+     */
+    s->seq = be->running_seq;
+    s->plan = PLAN_JOIN;
   }
   pthread_mutex_unlock (&be->flush_lock);
   return 0;
@@ -150,6 +154,12 @@ flush_wait (struct flush_slot *s)
 int
 io_flush_backends (struct backend *const *bes, size_t n)
 {
+  return io_flush_backends_each (bes, n, NULL);
+}
+
+int
+io_flush_backends_each (struct backend *const *bes, size_t n, int *errs)
+{
   struct flush_slot inline_slots[IO_INLINE_CLONES];
   struct flush_slot *slots = inline_slots;
   bool again;
@@ -166,6 +176,9 @@ io_flush_backends (struct backend *const *bes, size_t n)
       .be = bes[i], .target = atomic_load (&bes[i]->write_gen),
       .plan = PLAN_DECIDE,
     };
+  if (errs)
+    for (i = 0; i < n; i++)
+      errs[i] = 0;
 
   do {
     struct io_req req;
@@ -176,8 +189,12 @@ io_flush_backends (struct backend *const *bes, size_t n)
     io_req_init (&req, IO_FLUSH, 0);
     for (i = 0; i < n; i++)
       if (slots[i].plan == PLAN_DECIDE &&
-          (e = flush_decide (&slots[i], &req)) < 0 && r == 0)
-        r = e;
+          (e = flush_decide (&slots[i], &req)) < 0) {
+        if (r == 0)
+          r = e;
+        if (errs)
+          errs[i] = e;
+      }
     e = io_req_run (&req);
     if (e < 0 && r == 0)
       r = e;
@@ -186,8 +203,12 @@ io_flush_backends (struct backend *const *bes, size_t n)
     again = false;
     for (i = 0; i < n; i++) {
       if (slots[i].plan == PLAN_JOIN) {
-        if ((e = flush_wait (&slots[i])) < 0 && r == 0)
-          r = e;
+        if ((e = flush_wait (&slots[i])) < 0) {
+          if (r == 0)
+            r = e;
+          if (errs)
+            errs[i] = e;
+        }
         slots[i].plan = PLAN_DONE;
       }
       else if (slots[i].plan == PLAN_WAIT) {

@@ -41,6 +41,11 @@ struct clone {
   uint32_t flags;               /* MAPPER_FUA, MAPPER_MAY_TRIM, ... */
   enum io_op op;
   uint64_t seq;                 /* IO_FLUSH: the backend flush's number */
+  /* Optional per-target completion hook (io_emit_end_io): see target.h. */
+  int (*end_io) (struct clone *c, int error);
+  void *end_io_ctx;
+  uint64_t end_io_arg;
+  struct clone *retry_next;     /* io_req.retry list */
 };
 
 /* A request in flight: lives on the submitting worker's stack.  Clone
@@ -53,10 +58,18 @@ struct io_req {
   uint32_t flags;
   _Atomic int pending;          /* clones not yet done, +1 while issuing */
   _Atomic int error;            /* first -errno wins */
+  /* Clones whose end_io asked for a retry (CLONE_RETRY), pushed from any
+   * thread, resubmitted by the waiter in io_req_run.
+   */
+  struct clone *_Atomic retry;
   struct clone *clones;
   size_t nr, cap;
   struct clone inline_clones[IO_INLINE_CLONES];
 };
+
+/* targets/mirror.c: the engine-wide resync worker (engine_start/stop). */
+int mirror_resync_start (struct mapper_err *err);
+void mirror_resync_stop (void);
 
 /* engine.c */
 void mapper_log_io_req (const char *devname, const struct io_req *req,
@@ -75,6 +88,8 @@ void io_req_release (struct io_req *req);
  * for a clean backend.  0 or the first -errno.
  */
 int io_flush_backends (struct backend *const *bes, size_t n);
+/* The same, with each backend's own result in errs[0..n) (0 or -errno). */
+int io_flush_backends_each (struct backend *const *bes, size_t n, int *errs);
 void flush_note_write (struct clone *c);
 void flush_end (struct backend *be, uint64_t seq, int error);
 
@@ -88,9 +103,13 @@ struct table {
   size_t nr_targets;
   backend_vector backends;      /* distinct, each referenced once */
   struct mapper_caps caps;
+  bool flush_hooks;             /* some target has flush_failed */
 };
 /* Index of the target containing byte offset off (< caps.size). */
 size_t table_find_target (const struct table *t, uint64_t off);
+/* Tell the targets their table became live / stopped being live. */
+void table_resume (struct table *t);
+void table_postsuspend (struct table *t);
 
 /* device.c */
 struct device {

@@ -29,6 +29,7 @@ io_req_init (struct io_req *req, enum io_op op, uint32_t flags)
   req->flags = flags;
   atomic_init (&req->pending, 1);      /* held while issuing */
   atomic_init (&req->error, 0);
+  atomic_init (&req->retry, NULL);
   req->clones = req->inline_clones;
   req->nr = 0;
   req->cap = IO_INLINE_CLONES;
@@ -81,7 +82,7 @@ io_emit (struct io_req *req, struct backend *be, uint64_t offset,
    */
   if (req->nr > 0) {
     c = &req->clones[req->nr - 1];
-    if (c->be == be && c->offset + c->len == offset &&
+    if (c->be == be && c->end_io == NULL && c->offset + c->len == offset &&
         (buf == NULL ? c->buf == NULL : c->buf + c->len == buf)) {
       c->len += len;
       return 0;
@@ -97,6 +98,45 @@ io_emit (struct io_req *req, struct backend *be, uint64_t offset,
     .flags = flags, .op = req->op,
   };
   return 0;
+}
+
+int
+io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
+                uint64_t len, char *buf,
+                int (*end_io) (struct clone *c, int error),
+                void *ctx, uint64_t arg)
+{
+  struct clone *c;
+  uint32_t flags = req->flags;
+
+  if (!be->caps.can_fua)
+    flags &= ~MAPPER_FUA;
+  c = io_req_new_clone (req);
+  if (c == NULL)
+    return -ENOMEM;
+  *c = (struct clone) {
+    .req = req, .be = be, .offset = offset, .len = len, .buf = buf,
+    .flags = flags, .op = req->op,
+    .end_io = end_io, .end_io_ctx = ctx, .end_io_arg = arg,
+  };
+  return 0;
+}
+
+/* The request failed while being mapped: its clones are never submitted.
+ * Hooked clones still get their end_io, for the target's accounting.
+ */
+static void
+io_req_cancel (struct io_req *req)
+{
+  for (size_t i = 0; i < req->nr; i++)
+    if (req->clones[i].end_io)
+      req->clones[i].end_io (&req->clones[i], -ECANCELED);
+}
+
+enum io_op
+io_req_op (const struct io_req *req)
+{
+  return req->op;
 }
 
 static void
@@ -115,11 +155,26 @@ void
 clone_done (struct clone *c, int error)
 {
   struct io_req *req = c->req;
+  int seen = error;             /* what the request sees */
 
-  if (error) {
-    int expected = 0;
-    assert (error < 0);
-    atomic_compare_exchange_strong (&req->error, &expected, error);
+  /* A target's hook (mirror) may send the clone again elsewhere, or
+   * decide what the request sees; the backend's bookkeeping below still
+   * records what happened on this backend.
+   */
+  if (c->end_io) {
+    seen = c->end_io (c, error);
+    if (seen == CLONE_RETRY) {
+      /* Hand it to the waiter: push, then change pending (the clone
+       * still holds its count, so req stays alive) so that a futex_wait
+       * on the old value returns.  The waiter takes the extra count back.
+       */
+      c->retry_next = atomic_load (&req->retry);
+      while (!atomic_compare_exchange_weak (&req->retry, &c->retry_next, c))
+        ;
+      atomic_fetch_add (&req->pending, 1);
+      futex_wake (&req->pending);
+      return;
+    }
   }
   switch (c->op) {
   case IO_WRITE: case IO_ZERO: case IO_TRIM:
@@ -132,6 +187,11 @@ clone_done (struct clone *c, int error)
     break;
   case IO_READ:
     break;
+  }
+  if (seen) {
+    int expected = 0;
+    assert (seen < 0);
+    atomic_compare_exchange_strong (&req->error, &expected, seen);
   }
   /* After the decrement req may be gone (the waiter returns as soon as it
    * sees 0); the wake on its address is then at worst spurious.
@@ -152,14 +212,86 @@ io_req_run (struct io_req *req)
     c->be->ops->submit (c->be, c);
   }
   if (atomic_fetch_sub (&req->pending, 1) != 1)
-    while ((v = atomic_load (&req->pending)) != 0)
-      futex_wait (&req->pending, v);
+    while ((v = atomic_load (&req->pending)) != 0) {
+      struct clone *c = atomic_exchange (&req->retry, NULL);
+
+      if (c == NULL) {
+        futex_wait (&req->pending, v);
+        continue;
+      }
+      /* Retries asked for by end_io hooks (a mirror read on another
+       * leg): resubmitted from this thread, then their extra count
+       * dropped.  The clone's own count keeps pending above 0 meanwhile.
+       */
+      while (c) {
+        struct clone *next = c->retry_next;
+        c->be->ops->submit (c->be, c);
+        atomic_fetch_sub (&req->pending, 1);
+        c = next;
+      }
+    }
   return atomic_load (&req->error);
+}
+
+struct uses_backend {
+  struct backend *be;
+  bool found;
+};
+
+static int
+uses_backend_cb (struct target *ti, struct backend *be, void *data)
+{
+  struct uses_backend *u = data;
+
+  if (be == u->be)
+    u->found = true;
+  return 0;
+}
+
+/* Flush bes[0..n) of table t.  A backend whose flush failed does not fail
+ * the flush when every target using it can do without it (a mirror with
+ * handle_errors drops the leg): the flush_failed hook, error path only.
+ */
+static int
+io_flush_table (struct table *t, struct backend *const *bes, size_t n)
+{
+  int inline_errs[IO_INLINE_CLONES];
+  int *errs = inline_errs;
+  bool found = false;
+  int r;
+
+  if (!t->flush_hooks)
+    return io_flush_backends (bes, n);
+  if (n > ARRAY_SIZE (inline_errs) &&
+      (errs = malloc (n * sizeof *errs)) == NULL)
+    return -ENOMEM;
+  r = io_flush_backends_each (bes, n, errs);
+  for (size_t i = 0; r < 0 && i < n; i++) {
+    if (errs[i] == 0)
+      continue;
+    found = true;
+    for (size_t j = 0; j < t->nr_targets; j++) {
+      struct target *ti = &t->targets[j];
+      struct uses_backend u = { .be = bes[i] };
+
+      if (ti->type->iterate_backends)
+        ti->type->iterate_backends (ti, uses_backend_cb, &u);
+      if (u.found && (ti->type->flush_failed == NULL ||
+                      !ti->type->flush_failed (ti, bes[i])))
+        goto out;               /* r stands */
+    }
+  }
+  if (found)
+    r = 0;                      /* every failure absorbed */
+ out:
+  if (errs != inline_errs)
+    free (errs);
+  return r;
 }
 
 /* FUA on backends without native FUA: flush each touched backend once. */
 static int
-io_emulate_fua (const struct io_req *req)
+io_emulate_fua (struct table *t, const struct io_req *req)
 {
   struct backend *bes[IO_INLINE_CLONES];
   size_t n = 0;
@@ -176,13 +308,13 @@ io_emulate_fua (const struct io_req *req)
     if (j < n)
       continue;
     if (n == ARRAY_SIZE (bes)) {
-      if ((r = io_flush_backends (bes, n)) < 0)
+      if ((r = io_flush_table (t, bes, n)) < 0)
         return r;
       n = 0;
     }
     bes[n++] = be;
   }
-  return n ? io_flush_backends (bes, n) : 0;
+  return n ? io_flush_table (t, bes, n) : 0;
 }
 
 static int
@@ -215,8 +347,10 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
     uint64_t n = MIN (left, ti->len - toff);
 
     r = ti->type->map (ti, &req, toff, n, buf_at (buf, pos - offset));
-    if (r < 0)
+    if (r < 0) {
+      io_req_cancel (&req);
       goto out;
+    }
     pos += n;
     left -= n;
   }
@@ -225,7 +359,7 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
 
   r = io_req_run (&req);
   if (r == 0 && (flags & MAPPER_FUA))
-    r = io_emulate_fua (&req);
+    r = io_emulate_fua (t, &req);
  out:
   io_req_release (&req);
   device_exit (dev);
@@ -261,14 +395,54 @@ device_trim (struct device *dev, uint32_t count, uint64_t offset,
   return device_io (dev, IO_TRIM, NULL, count, offset, flags);
 }
 
+/* The "before" of nbdmapper's flush: one uncoalesced backend flush per
+ * target, as dm did before it learnt to flush each device once.  Only for
+ * benchmarks (-D mapper.flush_per_target=1).
+ */
+static int
+flush_one_raw (struct target *ti, struct backend *be, void *data)
+{
+  struct io_req *req = data;
+  struct clone *c = io_req_new_clone (req);
+
+  if (c == NULL)
+    return -ENOMEM;
+  *c = (struct clone) { .req = req, .be = be, .op = IO_FLUSH };
+  return 0;
+}
+
+static int
+flush_per_target (struct table *t)
+{
+  for (size_t i = 0; i < t->nr_targets; i++) {
+    struct target *ti = &t->targets[i];
+    struct io_req req;
+    int r = 0;
+
+    if (ti->type->iterate_backends == NULL)
+      continue;
+    io_req_init (&req, IO_FLUSH, 0);
+    r = ti->type->iterate_backends (ti, flush_one_raw, &req);
+    if (r == 0)
+      r = io_req_run (&req);
+    io_req_release (&req);
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
 int
 device_flush (struct device *dev, uint32_t flags)
 {
   struct table *t = device_enter (dev);
   int r;
 
-  /* Once per distinct backend, never once per target. */
-  r = io_flush_backends (t->backends.ptr, t->backends.len);
+  if (mapper_flush_per_target)
+    r = flush_per_target (t);
+  else
+    /* Once per distinct backend, never once per target. */
+    r = io_flush_table (t, t->backends.ptr, t->backends.len);
   if (mapper_trace_io && mapper_debug)
     mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->backends.len,
                   t->backends.len == 1 ? "" : "s");

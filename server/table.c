@@ -16,6 +16,7 @@
 
 static const struct target_type *const target_types[] = {
   &linear_target, &striped_target, &zero_target, &error_target,
+  &mirror_target,
 };
 
 static const struct target_type *
@@ -75,7 +76,8 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
   if (r < 0)
     return r;
   if ((r = be->ops->get_size (be, &size)) < 0) {
-    mapper_err_set (err, "%s: cannot get size: %s", spec, strerror (-r));
+    mapper_err_set (err, "%s: cannot get size: %s", spec,
+                    mapper_strerror (-r));
     backend_put (be);
     return r;
   }
@@ -116,6 +118,9 @@ table_merge_caps (struct table *t)
   c->block_min = 1;               /* byte-granular: we split exactly */
   c->block_pref = 4096;
   c->block_max = 0xffffffff;
+  t->flush_hooks = false;
+  for (size_t i = 0; i < t->nr_targets; i++)
+    t->flush_hooks |= t->targets[i].type->flush_failed != NULL;
   for (size_t i = 0; i < t->backends.len; i++) {
     const struct mapper_caps *b = &t->backends.ptr[i]->caps;
     c->can_write &= b->can_write;
@@ -299,7 +304,7 @@ table_parse_file (const char *path, struct table **out,
   fp = fopen (path, "re");
   if (fp == NULL) {
     r = -errno;
-    mapper_err_set (err, "%s: %s", path, strerror (errno));
+    mapper_err_set (err, "%s: %s", path, mapper_strerror (errno));
     return r;
   }
   {
@@ -319,7 +324,7 @@ table_parse_file (const char *path, struct table **out,
     if (fclose (mem) == EOF && r == 0)
       r = -ENOMEM;
     if (r < 0) {
-      mapper_err_set (err, "%s: read: %s", path, strerror (-r));
+      mapper_err_set (err, "%s: read: %s", path, mapper_strerror (-r));
       return r;
     }
   }
@@ -344,6 +349,22 @@ table_find_target (const struct table *t, uint64_t off)
       lo = mid + 1;
   }
   return lo;
+}
+
+void
+table_resume (struct table *t)
+{
+  for (size_t i = 0; i < t->nr_targets; i++)
+    if (t->targets[i].type->resume)
+      t->targets[i].type->resume (&t->targets[i]);
+}
+
+void
+table_postsuspend (struct table *t)
+{
+  for (size_t i = 0; i < t->nr_targets; i++)
+    if (t->targets[i].type->postsuspend)
+      t->targets[i].type->postsuspend (&t->targets[i]);
 }
 
 const struct mapper_caps *
@@ -399,10 +420,9 @@ table_summary (const struct table *t, char *buf, size_t len)
   return used;
 }
 
-/* One line per target: "start len type " + status(type). */
 static size_t
-format_lines (const struct table *t, enum status_type type, char *buf,
-              size_t len)
+table_print (const struct table *t, enum status_type type, char *buf,
+             size_t len)
 {
   size_t used = 0;
 
@@ -436,13 +456,13 @@ format_lines (const struct table *t, enum status_type type, char *buf,
 size_t
 table_format (const struct table *t, char *buf, size_t len)
 {
-  return format_lines (t, STATUSTYPE_TABLE, buf, len);
+  return table_print (t, STATUSTYPE_TABLE, buf, len);
 }
 
 size_t
-table_status_format (const struct table *t, char *buf, size_t len)
+table_status (const struct table *t, char *buf, size_t len)
 {
-  return format_lines (t, STATUSTYPE_INFO, buf, len);
+  return table_print (t, STATUSTYPE_INFO, buf, len);
 }
 
 size_t

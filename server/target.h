@@ -53,6 +53,18 @@ struct target_type {
                            int (*fn) (struct target *ti, struct backend *be,
                                       void *data),
                            void *data);
+  /* Optional, for targets with background work (mirror resync): the
+   * table became live on a device (resume), or stopped being live
+   * (suspend, after in-flight requests drained; also before dtr).  Both
+   * may be called more than once.
+   */
+  void (*resume) (struct target *ti);
+  void (*postsuspend) (struct target *ti);
+  /* Optional: a flush of backend be (one the target uses) failed.  Return
+   * true if the target can do without it (a mirror with handle_errors
+   * marks the leg failed), so the device's flush still succeeds.
+   */
+  bool (*flush_failed) (struct target *ti, struct backend *be);
   /* Optional: handle "message SECTOR WORDS..." addressed to this target
    * (dmsetup message); write any reply into reply/len (snprintf style).
    * 0 or -errno with err filled.  NULL: the target takes no messages.
@@ -66,6 +78,7 @@ extern const struct target_type linear_target;
 extern const struct target_type striped_target;
 extern const struct target_type zero_target;
 extern const struct target_type error_target;
+extern const struct target_type mirror_target;
 
 /* table.c: for constructors.  Open (or share) the backend named by spec,
  * check that [start, start+len) bytes lies inside it, and register it in
@@ -90,6 +103,22 @@ buf_at (char *buf, uint64_t delta)
 int io_emit (struct io_req *req, struct backend *be, uint64_t offset,
              uint64_t len, char *buf);
 bool io_req_is_read (const struct io_req *req);
+/* Like io_emit, but clone_done() first calls end_io(c, error) (from
+ * whatever thread completes the clone: keep it short, never block).
+ * end_io returns the error the request should see (0 or -errno), or
+ * CLONE_RETRY after pointing the clone elsewhere (c->be, c->offset; never
+ * c->buf, c->len, c->op): the thread waiting for the request then submits
+ * it again, so a retry never runs on an I/O loop thread nor nests inside
+ * the failed submit.  ctx and arg are the target's.  Never merged with a
+ * neighbour.  A clone never submitted (the request failed while being
+ * mapped) gets end_io(c, -ECANCELED) and must not be retried then.
+ */
+#define CLONE_RETRY 1
+int io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
+                    uint64_t len, char *buf,
+                    int (*end_io) (struct clone *c, int error),
+                    void *ctx, uint64_t arg);
+enum io_op io_req_op (const struct io_req *req);
 /* io.c: for extents(); coordinates are target-relative.  Return 0 or
  * -errno; after either, stop when extent_walk_done() says so.
  */

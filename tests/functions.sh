@@ -42,7 +42,7 @@ trap _run_cleanups EXIT INT TERM
 # nbdkit options then the plugin parameters, e.g.
 #   mapper -U - "$tmpdir/a.table" --run 'nbdinfo "$uri"'
 # Under a sanitizer build, the ASan runtime is preloaded into nbdkit (which is
-# not itself instrumented); children of --run inherit it harmlessly.
+# not itself instrumented); children of --run do not get it.
 mapper ()
 {
     local opts=() a
@@ -51,7 +51,16 @@ mapper ()
     # after the options, so we simply put it after every "-x" style option.
     while [ $# -gt 0 ]; do
         case "$1" in
-            -U|-t|-p|-P|-e|-D|-i|--run|--filter|--tls|--tls-psk|--tls-certificates|--log|--exportname|--selinux-label|--user|--group|--mask-handshake|--threads|--unix|--port|--pidfile|--ipaddr)
+            --run)
+                # Children of --run must not inherit the ASan runtime
+                # (qemu-img, python and fio are not built for it).
+                if [ -n "$SANITIZER_LIBASAN" ]; then
+                    opts+=("$1" "unset LD_PRELOAD ASAN_OPTIONS; $2")
+                else
+                    opts+=("$1" "$2")
+                fi
+                shift 2 ;;
+            -U|-t|-p|-P|-e|-D|-i|--filter|--tls|--tls-psk|--tls-certificates|--log|--exportname|--selinux-label|--user|--group|--mask-handshake|--threads|--unix|--port|--pidfile|--ipaddr)
                 opts+=("$1" "$2"); shift 2 ;;
             -*) opts+=("$1"); shift ;;
             *) break ;;
@@ -93,4 +102,17 @@ with open(path, "wb") as f:
         f.write(rng.randbytes(n))
         left -= n
 PYEOF
+}
+
+# wait_for CMD...: retry CMD every 0.1s for up to 30s; fail if it never
+# succeeds.
+wait_for ()
+{
+    local i
+    for (( i=0; i<300; i++ )); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "$0: timed out waiting for: $*" >&2
+    return 1
 }

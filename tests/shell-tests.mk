@@ -14,4 +14,8 @@ SHELL_TESTS = \
 	test-blockdev.sh \
 	test-qemu.sh \
 	test-fio.sh \
-	test-ext4.sh
+	test-ext4.sh \
+	test-mirror.sh \
+	test-mirror-remote.sh \
+	test-stacking.sh \
+	test-flush-dedup.sh

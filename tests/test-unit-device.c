@@ -131,7 +131,7 @@ main (void)
   /* remove: busy while open; --force gives the open client EIO and the
    * device lives on until the last reference goes.
    */
-  ref = device_open ("d2");
+  ref = device_open_conn ("d2");
   CHECK (ref == dev);
   CHECK_EQ (device_remove (dev, false, &err), -EBUSY);
   CHECK (strstr (err.msg, "open by 1 connection"));
@@ -142,7 +142,7 @@ main (void)
   CHECK (text && strcmp (text, "0 2048 error\n") == 0);
   free (text);
   CHECK_EQ (device_wait_event (ref, 100, -1, &now, &err), -ENOENT);
-  device_close (ref);            /* frees it (ASan/valgrind would tell) */
+  device_close_conn (ref);            /* frees it (ASan/valgrind would tell) */
 
   /* remove of an idle device. */
   CHECK_EQ (device_remove (other, false, &err), 0);

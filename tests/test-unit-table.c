@@ -165,8 +165,8 @@ test_structure_errors (void)
                "ends at sector 16");
 
   /* Unknown target. */
-  expect_fail ("0 8 zero\n8 8 mirror a b\n", EINVAL, 2,
-               "unknown target type 'mirror'", NULL);
+  expect_fail ("0 8 zero\n8 8 snapshot a b\n", EINVAL, 2,
+               "unknown target type 'snapshot'", NULL);
   expect_fail ("0 8 Linear x 0\n", EINVAL, 1, "unknown target type", NULL);
 
   /* Length 0. */

@@ -82,8 +82,9 @@ control_config_complete (void)
 {
   /* A read-only DIR is reported now, not at the first change. */
   if (tables_dir && access (tables_dir, W_OK | X_OK) == -1) {
-    nbdkit_error ("tables=%s: not writable (%m): runtime changes from the "
-                  "control export could not be saved there", tables_dir);
+    nbdkit_error ("tables=%s: not writable (%s): runtime changes from the "
+                  "control export could not be saved there", tables_dir,
+                  mapper_strerror (errno));
     return -1;
   }
   return 0;
@@ -203,7 +204,7 @@ persist_write (const char *name, const char *uuid, const char *text,
     if (tmp)
       unlink (tmp);
     if (asprintf (msg, "tables=%s: saving %s.table: %s", tables_dir, name,
-                  strerror (-r)) == -1)
+                  mapper_strerror (-r)) == -1)
       *msg = NULL;
   }
   free (tmp);
@@ -227,7 +228,7 @@ persist_remove (const char *name, char **msg)
   else
     r = fsync_dir ();
   if (r < 0 && asprintf (msg, "tables=%s: removing %s.table: %s",
-                         tables_dir, name, strerror (-r)) == -1)
+                         tables_dir, name, mapper_strerror (-r)) == -1)
     *msg = NULL;
   free (path);
   return r;
@@ -249,7 +250,7 @@ persist_rename (const char *old, const char *new, char **msg)
   else
     r = fsync_dir ();
   if (r < 0 && asprintf (msg, "tables=%s: renaming %s.table: %s",
-                         tables_dir, old, strerror (-r)) == -1)
+                         tables_dir, old, mapper_strerror (-r)) == -1)
     *msg = NULL;
   free (from);
   free (to);
@@ -321,6 +322,19 @@ parse_table (struct reply *rp, const char *cmd, const char *name,
     return NULL;
   }
   return t;
+}
+
+/* A table must not make dev stack on itself (mapper:NAME backends). */
+static int
+check_stacking (struct reply *rp, const char *cmd, struct device *dev,
+                struct table *t)
+{
+  struct mapper_err err = { "" };
+  int r = device_check_table (dev, t, &err);
+
+  if (r < 0)
+    return fail (rp, -r, "%s %s: %s", cmd, device_name (dev), err.msg);
+  return 0;
 }
 
 static int
@@ -575,6 +589,10 @@ cmd_load (struct reply *rp, struct proto_request *req)
   if ((dev = get_device (rp, "load", req->args[0])) == NULL)
     return -1;
   t = parse_table (rp, "load", req->args[0], req->args[1]);
+  if (t && check_stacking (rp, "load", dev, t) == -1) {
+    table_free (t);
+    t = NULL;
+  }
   if (t)
     device_load (dev, t);
   device_put (dev);
@@ -609,7 +627,7 @@ cmd_suspend (struct reply *rp, struct proto_request *req)
   device_put (dev);
   if (r < 0)
     return fail (rp, -r, "suspend %s: flush failed: %s", req->args[0],
-                 strerror (-r));
+                 mapper_strerror (-r));
   return 0;
 }
 
@@ -658,7 +676,8 @@ cmd_replace (struct reply *rp, struct proto_request *req)
   if ((dev = get_device (rp, "replace", req->args[0])) == NULL)
     return -1;
   t = parse_table (rp, "replace", req->args[0], req->args[1]);
-  if (t == NULL || (text = format_table (rp, t)) == NULL)
+  if (t == NULL || check_stacking (rp, "replace", dev, t) == -1 ||
+      (text = format_table (rp, t)) == NULL)
     goto out;
   uuid = device_uuid (dev);
   /* Kept to put the file back if the swap itself fails. */
@@ -843,7 +862,7 @@ execute (struct control_conn *c)
 
   rp.out = open_memstream (&rp.text, &rp.len);
   if (rp.out == NULL) {
-    nbdkit_error ("control: open_memstream: %m");
+    nbdkit_error ("control: open_memstream: %s", mapper_strerror (errno));
     return;
   }
   if (c->denied) {
@@ -927,7 +946,7 @@ control_open (int readonly)
   uint8_t hello[PROTO_NONCE_LEN + 1];
 
   if (c == NULL) {
-    nbdkit_error ("control: calloc: %m");
+    nbdkit_error ("control: calloc: %s", mapper_strerror (errno));
     return NULL;
   }
   pthread_mutex_init (&c->lock, NULL);
@@ -1031,7 +1050,7 @@ control_pwrite (struct control_conn *c, const void *buf, uint32_t count,
     uint8_t *p = realloc (c->req, end);
     if (p == NULL) {
       pthread_mutex_unlock (&c->lock);
-      nbdkit_error ("control: realloc: %m");
+      nbdkit_error ("control: realloc: %s", mapper_strerror (errno));
       nbdkit_set_error (ENOMEM);
       return -1;
     }

@@ -23,6 +23,13 @@
 
 /* -D mapper.io=1: log how each request is split. */
 NBDKIT_DLL_PUBLIC int mapper_debug_io = 0;
+/* -D mapper.flush_per_target=1: flush once per target, not once per
+ * backend: reproduces the "before" for the flush benchmark.
+ */
+NBDKIT_DLL_PUBLIC int mapper_debug_flush_per_target = 0;
+
+/* The first table file's device: the default export. */
+static char *default_name;
 
 /* Table files from the command line, in order (table= and tables=). */
 static char **table_files;
@@ -60,7 +67,7 @@ add_table_dir (const char *dir)
 
   dp = opendir (dir);
   if (dp == NULL) {
-    nbdkit_error ("tables=%s: %m", dir);
+    nbdkit_error ("tables=%s: %s", dir, mapper_strerror (errno));
     return -1;
   }
   while ((errno = 0, d = readdir (dp)) != NULL) {
@@ -83,7 +90,7 @@ add_table_dir (const char *dir)
     }
   }
   if (errno != 0) {
-    nbdkit_error ("tables=%s: readdir: %m", dir);
+    nbdkit_error ("tables=%s: readdir: %s", dir, mapper_strerror (errno));
     closedir (dp);
     return -1;
   }
@@ -144,8 +151,11 @@ device_name_of (const char *path)
   return strndup (base, len);
 }
 
+/* 0; -1 (reported); or, when quiet, -ENXIO without a message if the table
+ * stacks on a device not loaded yet.
+ */
 static int
-load_device (const char *path)
+load_device (const char *path, bool quiet)
 {
   struct mapper_err err = { "" };
   struct device *dev;
@@ -173,8 +183,16 @@ load_device (const char *path)
     device_destroy (dev);
     return -1;
   }
-  if (table_parse_file (path, &t, &err) < 0) {
+  if ((r = table_parse_file (path, &t, &err)) < 0) {
+    device_destroy (dev);
+    if (quiet && r == -ENXIO)
+      return -ENXIO;
     nbdkit_error ("%s", err.msg);
+    return -1;
+  }
+  if (device_check_table (dev, t, &err) < 0) {
+    nbdkit_error ("%s: %s", path, err.msg);
+    table_free (t);
     device_destroy (dev);
     return -1;
   }
@@ -192,6 +210,7 @@ mapper_config_complete (void)
 {
   mapper_debug = log_debug;
   mapper_trace_io = mapper_debug_io != 0;
+  mapper_flush_per_target = mapper_debug_flush_per_target != 0;
 
   if (nr_table_files == 0 && !have_tables_dir) {
     nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR "
@@ -201,9 +220,44 @@ mapper_config_complete (void)
   }
   if (control_config_complete () == -1)
     return -1;
-  for (size_t i = 0; i < nr_table_files; i++)
-    if (load_device (table_files[i]) == -1)
+  /* A table may stack on the device of a later file ("mapper:NAME"):
+   * load in passes, deferring such tables while a pass makes progress;
+   * what is left (a missing device, a cycle) is then reported.
+   */
+  {
+    bool *done = calloc (nr_table_files ? nr_table_files : 1, sizeof *done);
+    size_t left = nr_table_files;
+    bool progress = true;
+    int r = 0;
+
+    if (done == NULL) {
+      nbdkit_error ("calloc: %s", mapper_strerror (errno));
       return -1;
+    }
+    while (left > 0 && progress && r == 0) {
+      progress = false;
+      for (size_t i = 0; i < nr_table_files && r == 0; i++) {
+        if (done[i])
+          continue;
+        r = load_device (table_files[i], true);
+        if (r == 0) {
+          done[i] = true;
+          left--;
+          progress = true;
+        }
+        else if (r == -ENXIO)
+          r = 0;                /* try again after the others */
+      }
+    }
+    for (size_t i = 0; i < nr_table_files && r == 0 && left > 0; i++)
+      if (!done[i])
+        r = load_device (table_files[i], false);   /* reports it */
+    free (done);
+    if (r < 0)
+      return -1;
+  }
+  if (nr_table_files > 0)
+    default_name = device_name_of (table_files[0]);
   return 0;
 }
 
@@ -228,10 +282,14 @@ mapper_cleanup (void)
 static void
 mapper_unload (void)
 {
-  struct device *dev;
+  size_t n;
 
-  while ((dev = device_nth (0)) != NULL)
-    device_destroy (dev);
+  /* Newest first: a device stacked on another ("mapper:NAME") was loaded
+   * after it and holds it open until its own table is freed.
+   */
+  while ((n = device_count ()) > 0)
+    device_destroy (device_nth (n - 1));
+  free (default_name);
   for (size_t i = 0; i < nr_table_files; i++)
     free (table_files[i]);
   free (table_files);
@@ -247,7 +305,7 @@ mapper_dump_plugin (void)
   printf ("libnbd_version=%s\n", nbd ? nbd_get_version (nbd) : "unknown");
   printf ("libev_version=%d.%d\n", ev_version_major (), ev_version_minor ());
   printf ("openssl_version=%s\n", OpenSSL_version (OPENSSL_VERSION));
-  printf ("mapper_targets=linear striped zero error\n");
+  printf ("mapper_targets=linear striped zero error mirror\n");
   if (nbd)
     nbd_close (nbd);
 }
@@ -258,6 +316,8 @@ mapper_dump_plugin (void)
   "                    one is also the default export.\n" \
   "tables=DIR          Every *.table file in DIR is a device; changes made\n" \
   "                    through the control export are saved there.\n" \
+  "In a table, mapper:NAME names another device of this server\n" \
+  "(stacking, in process, in any file order; no cycles).\n" \
   control_config_help
 
 /* --- exports and connections ----------------------------------------- */
@@ -290,7 +350,18 @@ first_name (struct device *dev, void *out)
 static const char *
 mapper_default_export (int readonly, int is_tls)
 {
+  /* The first table file's device, even if it was loaded after a device
+   * it stacks on; else the first device (devices come and go at run
+   * time through the control export).
+   */
   const char *name = NULL;
+  struct device *dev = default_name ? device_get (default_name) : NULL;
+
+  if (dev) {
+    name = nbdkit_strdup_intern (device_name (dev));
+    device_put (dev);
+    return name;
+  }
 
   device_foreach (first_name, &name);
   return name;
@@ -316,7 +387,7 @@ mapper_open (int readonly)
   if (control_is_export (name)) {
     h = calloc (1, sizeof *h);
     if (h == NULL) {
-      nbdkit_error ("calloc: %m");
+      nbdkit_error ("calloc: %s", mapper_strerror (errno));
       return NULL;
     }
     h->ctl = control_open (readonly);
@@ -326,7 +397,7 @@ mapper_open (int readonly)
     }
     return h;
   }
-  dev = name ? device_open (name) : NULL;
+  dev = name ? device_open_conn (name) : NULL;
   if (dev == NULL) {
     nbdkit_error ("no such device: %s", name ? name : "(none)");
     errno = ENOENT;
@@ -334,8 +405,8 @@ mapper_open (int readonly)
   }
   h = calloc (1, sizeof *h);
   if (h == NULL) {
-    nbdkit_error ("calloc: %m");
-    device_close (dev);
+    nbdkit_error ("calloc: %s", mapper_strerror (errno));
+    device_close_conn (dev);
     return NULL;
   }
   h->dev = dev;
@@ -350,7 +421,7 @@ mapper_close (void *handle)
   if (h->ctl)
     control_close (h->ctl);
   else
-    device_close (h->dev);
+    device_close_conn (h->dev);
   free (h);
 }
 

@@ -312,12 +312,12 @@ file_backend_open (const char *path, const char *canonical,
   }
   if (fd == -1) {
     r = -errno;
-    mapper_err_set (err, "%s: %s", path, strerror (errno));
+    mapper_err_set (err, "%s: %s", path, mapper_strerror (errno));
     return r;
   }
   if (fstat (fd, &st) == -1) {
     r = -errno;
-    mapper_err_set (err, "%s: fstat: %s", path, strerror (errno));
+    mapper_err_set (err, "%s: fstat: %s", path, mapper_strerror (errno));
     close (fd);
     return r;
   }
@@ -341,7 +341,7 @@ file_backend_open (const char *path, const char *canonical,
 #ifdef BLKGETSIZE64
   if (f->is_block && ioctl (fd, BLKGETSIZE64, &f->be.caps.size) == -1) {
     r = -errno;
-    mapper_err_set (err, "%s: BLKGETSIZE64: %s", path, strerror (errno));
+    mapper_err_set (err, "%s: BLKGETSIZE64: %s", path, mapper_strerror (errno));
     file_close (&f->be);
     return r;
   }

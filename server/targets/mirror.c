@@ -1,0 +1,909 @@
+/* mirror core <#log_args> <region_size> [sync|nosync] <#legs>
+ *        (<dev> <offset>){#legs} [<#features> handle_errors]
+ *
+ * dm-raid1 with the in-memory ("core") region log.  Writes go to every
+ * leg in parallel from the client's buffer (one clone per leg, no copy).
+ * Reads go to one in-sync leg, chosen by offset (1 MiB granules); a read
+ * error is retried on another in-sync leg (the completion hook points the
+ * clone there, the request's waiter resubmits it).  A leg that fails a
+ * write is marked failed ('D'); with handle_errors the device keeps going
+ * on the other legs (also through a failed flush, 'F'), without it the
+ * write fails.  A failed leg stays failed until a reload replaces it.
+ * Resync copies from leg 0 (dm's default mirror); if leg 0 fails before
+ * it is done, resync stops and regions not yet in sync fail reads.
+ *
+ * Resync: a bitmap of regions in sync, allocated at ctr.  With "sync" (or
+ * no sync argument, as dm's core log) every region starts out of sync and
+ * the engine-wide resync worker copies leg 0 to the other legs region by
+ * region while the table is live, backing off when foreground I/O is
+ * seen.  Reads of a region not yet in sync come from leg 0 only.  Writes
+ * always go to every leg; the one region being copied is fenced off from
+ * writes by two per-epoch writer counters (see mirror_write_enter), so
+ * once resync is over the write path touches no shared counter at all.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+#define MIRROR_MAX_LEGS 9          /* dm's MAX_NR_MIRRORS */
+#define NO_REGION UINT64_MAX
+#define READ_SPREAD_SHIFT 20       /* reads change leg every 1 MiB */
+#define COPY_CHUNK (1024 * 1024)   /* resync I/O size */
+#define THROTTLE_NS (20 * 1000 * 1000)  /* pause after a busy region */
+
+/* Leg error bits, shown as dm's status characters F > D > S > R > A. */
+enum { LEG_READ_ERR = 1, LEG_WRITE_ERR = 2, LEG_SYNC_ERR = 4, LEG_FLUSH_ERR = 8 };
+
+enum sync_arg { SYNC_DEFAULT, SYNC_SYNC, SYNC_NOSYNC };
+
+struct mirror_leg {
+  struct backend *be;           /* read-only after ctr */
+  uint64_t start;               /* bytes into the backend */
+  _Atomic unsigned errors;      /* LEG_* bits */
+};
+
+struct mirror {
+  /* Read-only after ctr.  (Not the struct target: the table moves it
+   * while it is being built.)
+   */
+  const struct table *table;    /* for origin in messages */
+  uint64_t len;                 /* target length, bytes */
+  uint64_t region_size;         /* bytes, a power of two */
+  unsigned region_shift;
+  uint64_t nr_regions;
+  unsigned nr_legs;
+  enum sync_arg sync;
+  bool handle_errors;
+
+  /* Legs that failed a write: a bit per leg, set once. */
+  _Atomic unsigned failed_mask;
+
+  /* Resync state.  in_sync: a bit per region, set (by the worker) once the
+   * region is copied; never cleared.  all_in_sync turns true once, then the
+   * I/O paths skip everything below.
+   */
+  _Atomic uint64_t *in_sync;
+  _Atomic uint64_t nr_in_sync;
+  _Atomic bool all_in_sync;
+  _Atomic bool resync_failed;   /* source leg failed: no way to finish */
+  _Atomic uint64_t fg_ios;      /* foreground requests while resyncing */
+
+  /* Write fencing during resync (see mirror_write_enter). */
+  _Atomic uint64_t recovering;  /* region being copied, or NO_REGION */
+  _Atomic uint64_t epoch;
+  _Atomic uint64_t writers[2];  /* clones in flight, by epoch parity */
+  pthread_mutex_t fence_lock;   /* with fence_cond: writers waiting for */
+  pthread_cond_t fence_cond;    /* recovering to move on */
+
+  /* Protected by resync_lock. */
+  bool live;                    /* table live: may resync */
+  bool queued;                  /* on the resync list */
+  struct mirror *next;
+  uint64_t next_region;         /* where the worker looks next */
+
+  struct mirror_leg legs[MIRROR_MAX_LEGS];
+};
+
+/* --- the engine-wide resync worker ----------------------------------- */
+
+/* One thread for every mirror of every device, running only while some
+ * live mirror has regions to copy (and the engine is started: nbdkit may
+ * fork after tables are loaded).  resync_lock protects everything here
+ * and each mirror's live/queued/next/next_region.
+ */
+static pthread_mutex_t resync_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t resync_cond = PTHREAD_COND_INITIALIZER;
+static struct mirror *resync_list;      /* FIFO, head copied next */
+static struct mirror *resync_current;   /* being copied (lock dropped) */
+static bool engine_running;
+static bool worker_running;             /* thread exists, not yet joined */
+static bool worker_exiting;             /* it has left its loop */
+static pthread_t worker_thread;
+
+static void *resync_worker (void *arg);
+
+static bool
+region_in_sync (const struct mirror *m, uint64_t r)
+{
+  return atomic_load_explicit (&m->in_sync[r / 64], memory_order_acquire)
+    & (1ULL << (r % 64));
+}
+
+/* Are all regions touching target bytes [off, off+len) in sync? */
+static bool
+range_in_sync (const struct mirror *m, uint64_t off, uint64_t len)
+{
+  uint64_t r, last;
+
+  if (atomic_load_explicit (&m->all_in_sync, memory_order_acquire))
+    return true;
+  last = (off + len - 1) >> m->region_shift;
+  for (r = off >> m->region_shift; r <= last; r++)
+    if (!region_in_sync (m, r))
+      return false;
+  return true;
+}
+
+/* Start (or restart) the worker if there is work; resync_lock held. */
+static int
+kick_worker_locked (void)
+{
+  int e;
+
+  if (!engine_running || resync_list == NULL)
+    return 0;
+  if (worker_running && !worker_exiting) {
+    pthread_cond_broadcast (&resync_cond);
+    return 0;
+  }
+  if (worker_running) {
+    /* It is on its way out and needs no lock to finish. */
+    pthread_join (worker_thread, NULL);
+    worker_running = false;
+  }
+  e = pthread_create (&worker_thread, NULL, resync_worker, NULL);
+  if (e != 0)
+    return -e;
+  worker_running = true;
+  worker_exiting = false;
+  return 0;
+}
+
+static void
+enqueue_locked (struct mirror *m)
+{
+  struct mirror **p;
+
+  if (m->queued || !m->live || atomic_load (&m->all_in_sync) ||
+      atomic_load (&m->resync_failed))
+    return;
+  for (p = &resync_list; *p; p = &(*p)->next)
+    ;
+  m->next = NULL;
+  *p = m;
+  m->queued = true;
+}
+
+static void
+dequeue_locked (struct mirror *m)
+{
+  struct mirror **p;
+
+  if (!m->queued)
+    return;
+  for (p = &resync_list; *p != m; p = &(*p)->next)
+    ;
+  *p = m->next;
+  m->queued = false;
+}
+
+int
+mirror_resync_start (struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&resync_lock);
+  int r;
+
+  engine_running = true;
+  r = kick_worker_locked ();
+  if (r < 0)
+    mapper_err_set (err, "mirror: cannot start the resync thread: %s",
+                    strerror (-r));
+  return r;
+}
+
+void
+mirror_resync_stop (void)
+{
+  bool join;
+
+  pthread_mutex_lock (&resync_lock);
+  engine_running = false;
+  pthread_cond_broadcast (&resync_cond);
+  join = worker_running;
+  worker_running = false;
+  pthread_mutex_unlock (&resync_lock);
+  if (join)
+    pthread_join (worker_thread, NULL);
+}
+
+static size_t mirror_info (struct mirror *m, char *buf, size_t len);
+
+static void
+log_state (struct mirror *m, const char *what)
+{
+  char status[512];
+
+  if (mapper_debug == NULL)
+    return;
+  mirror_info (m, status, sizeof status);
+  mapper_debug ("mirror %s (%s): %s", m->table->origin, what, status);
+}
+
+static void
+mark_leg (struct mirror *m, unsigned leg, unsigned bit, const char *what)
+{
+  if (!(atomic_fetch_or (&m->legs[leg].errors, bit) & bit)) {
+    char msg[256];
+    snprintf (msg, sizeof msg, "leg %u %s %s", leg,
+              m->legs[leg].be->name, what);
+    log_state (m, msg);
+  }
+}
+
+static void
+sleep_ns (long ns)
+{
+  struct timespec ts = { .tv_sec = 0, .tv_nsec = ns };
+  nanosleep (&ts, NULL);
+}
+
+/* Copy one region from leg 0 to the other healthy legs, with writes to it
+ * fenced off.  0 or -errno (the source failed).
+ */
+static int
+copy_region (struct mirror *m, char *buf, uint64_t region)
+{
+  uint64_t start = region << m->region_shift;
+  uint64_t end = MIN (start + m->region_size, m->len);
+  uint64_t old;
+  int r = 0;
+
+  /* Fence: writers that counted themselves before the epoch flip are
+   * waited for; those after it see recovering and wait for us.
+   */
+  atomic_store (&m->recovering, region);
+  old = atomic_fetch_add (&m->epoch, 1) & 1;
+  while (atomic_load (&m->writers[old]) != 0)
+    sleep_ns (50 * 1000);
+
+  for (uint64_t off = start; off < end && r == 0; off += COPY_CHUNK) {
+    uint64_t n = MIN (COPY_CHUNK, end - off);
+    struct io_req req;
+
+    if (atomic_load (&m->legs[0].errors)) {
+      r = -EIO;
+      break;
+    }
+    io_req_init (&req, IO_READ, 0);
+    r = io_emit (&req, m->legs[0].be, m->legs[0].start + off, n, buf);
+    if (r == 0)
+      r = io_req_run (&req);
+    io_req_release (&req);
+    if (r < 0) {
+      mark_leg (m, 0, LEG_READ_ERR, "failed a resync read");
+      break;
+    }
+    /* Each leg its own request, so a failing leg is known by name. */
+    for (unsigned i = 1; i < m->nr_legs; i++) {
+      int e;
+      if (atomic_load (&m->legs[i].errors) &
+          (LEG_WRITE_ERR | LEG_SYNC_ERR | LEG_FLUSH_ERR))
+        continue;
+      io_req_init (&req, IO_WRITE, 0);
+      e = io_emit (&req, m->legs[i].be, m->legs[i].start + off, n, buf);
+      if (e == 0)
+        e = io_req_run (&req);
+      io_req_release (&req);
+      if (e < 0)
+        mark_leg (m, i, LEG_SYNC_ERR, "failed a resync write");
+    }
+  }
+
+  if (r == 0) {
+    atomic_fetch_or_explicit (&m->in_sync[region / 64], 1ULL << (region % 64),
+                              memory_order_release);
+    if (atomic_fetch_add (&m->nr_in_sync, 1) + 1 == m->nr_regions)
+      atomic_store (&m->all_in_sync, true);
+  }
+  pthread_mutex_lock (&m->fence_lock);
+  atomic_store (&m->recovering, NO_REGION);
+  pthread_cond_broadcast (&m->fence_cond);
+  pthread_mutex_unlock (&m->fence_lock);
+  return r;
+}
+
+static void *
+resync_worker (void *arg)
+{
+  char *buf = malloc (COPY_CHUNK);
+
+  pthread_mutex_lock (&resync_lock);
+  while (engine_running && resync_list && buf) {
+    struct mirror *m = resync_list;
+    uint64_t region, seen;
+    int r;
+
+    /* Next region out of sync, from where we left off. */
+    for (region = m->next_region; region < m->nr_regions; region++)
+      if (!region_in_sync (m, region))
+        break;
+    if (region == m->nr_regions) {
+      dequeue_locked (m);
+      continue;
+    }
+    m->next_region = region + 1;
+    /* Round robin between mirrors, one region each. */
+    dequeue_locked (m);
+    resync_current = m;
+    pthread_mutex_unlock (&resync_lock);
+
+    seen = atomic_load (&m->fg_ios);
+    r = copy_region (m, buf, region);
+    if (r < 0) {
+      atomic_store (&m->resync_failed, true);
+      log_state (m, "resync stopped: the source leg failed");
+    }
+    else if (atomic_load (&m->all_in_sync))
+      log_state (m, "resync complete");
+    /* Foreground I/O keeps priority: after a region that competed with
+     * it, let it run alone for a while.
+     */
+    if (atomic_load (&m->fg_ios) != seen)
+      sleep_ns (THROTTLE_NS);
+
+    pthread_mutex_lock (&resync_lock);
+    resync_current = NULL;
+    enqueue_locked (m);
+    pthread_cond_broadcast (&resync_cond);
+  }
+  worker_exiting = true;
+  pthread_cond_broadcast (&resync_cond);
+  pthread_mutex_unlock (&resync_lock);
+  free (buf);
+  return NULL;
+}
+
+/* --- the write fence ---------------------------------------------------- */
+
+/* Count n write clones of target bytes [off, off+len) in flight, waiting
+ * while the region being copied overlaps them.  Returns the epoch parity
+ * the clones must give back in mirror_write_exit.
+ *
+ * Why it is safe (all seq_cst): a writer reads epoch E, counts itself in
+ * writers[E&1], reads recovering, and reads epoch again.  If epoch is
+ * still E, its count happened before the worker's next flip, so the
+ * worker's wait on writers[E&1] that follows the flip includes it; if the
+ * worker flipped before the writer's first read, the writer sees the
+ * recovering region stored before that flip.
+ */
+static unsigned
+mirror_write_enter (struct mirror *m, uint64_t off, uint64_t len, unsigned n)
+{
+  uint64_t first = off >> m->region_shift;
+  uint64_t last = (off + len - 1) >> m->region_shift;
+
+  for (;;) {
+    uint64_t e = atomic_load (&m->epoch), rec;
+
+    atomic_fetch_add (&m->writers[e & 1], n);
+    rec = atomic_load (&m->recovering);
+    if (atomic_load (&m->epoch) == e &&
+        (rec == NO_REGION || rec < first || rec > last))
+      return e & 1;
+    atomic_fetch_sub (&m->writers[e & 1], n);
+    if (rec != NO_REGION && rec >= first && rec <= last) {
+      pthread_mutex_lock (&m->fence_lock);
+      while (atomic_load (&m->recovering) == rec)
+        pthread_cond_wait (&m->fence_cond, &m->fence_lock);
+      pthread_mutex_unlock (&m->fence_lock);
+    }
+  }
+}
+
+/* --- I/O ---------------------------------------------------------------- */
+
+/* end_io_arg of a clone: the leg, legs already tried (reads), and for
+ * writes during resync the epoch parity it was counted in.
+ */
+#define ARG_LEG(a) ((unsigned) ((a) & 0xff))
+#define ARG_TRIED(a) ((unsigned) (((a) >> 8) & 0xffff))
+#define ARG_COUNTED 0x1000000ULL
+#define ARG_PARITY 0x2000000ULL
+#define MAKE_ARG(leg, tried) ((uint64_t) (leg) | ((uint64_t) (tried) << 8))
+
+static bool
+leg_readable (struct mirror *m, unsigned i)
+{
+  return atomic_load_explicit (&m->legs[i].errors, memory_order_relaxed) == 0;
+}
+
+/* Leave leg out of writes (handle_errors); false if it was the last. */
+static bool
+drop_leg (struct mirror *m, unsigned leg)
+{
+  unsigned all = (1u << m->nr_legs) - 1;
+  unsigned failed = atomic_fetch_or (&m->failed_mask, 1u << leg) | (1u << leg);
+
+  return (failed & all) != all;
+}
+
+static int
+mirror_write_end_io (struct clone *c, int error)
+{
+  struct mirror *m = c->end_io_ctx;
+  unsigned leg = ARG_LEG (c->end_io_arg);
+
+  if (c->end_io_arg & ARG_COUNTED)
+    atomic_fetch_sub (&m->writers[!!(c->end_io_arg & ARG_PARITY)], 1);
+  if (error == 0 || error == -ECANCELED)
+    return error;
+
+  mark_leg (m, leg, LEG_WRITE_ERR, "failed a write");
+  /* Keep going while another leg has not failed: the last leg to fail
+   * is the one that fails the request.
+   */
+  if (m->handle_errors && drop_leg (m, leg))
+    return 0;
+  return error;
+}
+
+static int
+mirror_read_end_io (struct clone *c, int error)
+{
+  struct mirror *m = c->end_io_ctx;
+  unsigned leg = ARG_LEG (c->end_io_arg);
+  unsigned tried = ARG_TRIED (c->end_io_arg);
+  uint64_t toff = c->offset - m->legs[leg].start;
+
+  if (error == 0 || error == -ECANCELED)
+    return error;
+  mark_leg (m, leg, LEG_READ_ERR, "failed a read");
+  /* Another leg can only serve it where it is in sync. */
+  if (!range_in_sync (m, toff, c->len))
+    return error;
+  for (unsigned i = 0; i < m->nr_legs; i++) {
+    if ((tried & (1u << i)) || !leg_readable (m, i))
+      continue;
+    c->be = m->legs[i].be;
+    c->offset = m->legs[i].start + toff;
+    c->end_io_arg = MAKE_ARG (i, tried | (1u << i));
+    return CLONE_RETRY;         /* io.c submits it again */
+  }
+  return error;
+}
+
+static bool
+mirror_flush_failed (struct target *ti, struct backend *be)
+{
+  struct mirror *m = ti->private;
+  bool ok = true;
+
+  for (unsigned i = 0; i < m->nr_legs; i++)
+    if (m->legs[i].be == be) {
+      mark_leg (m, i, LEG_FLUSH_ERR, "failed a flush");
+      ok &= m->handle_errors && drop_leg (m, i);
+    }
+  return ok;
+}
+
+static int
+mirror_map (struct target *ti, struct io_req *req, uint64_t off,
+            uint64_t len, char *buf)
+{
+  struct mirror *m = ti->private;
+  bool synced = atomic_load_explicit (&m->all_in_sync, memory_order_acquire);
+  unsigned i;
+  int r;
+
+  if (!synced)
+    atomic_fetch_add_explicit (&m->fg_ios, 1, memory_order_relaxed);
+
+  if (io_req_is_read (req)) {
+    unsigned n = m->nr_legs;
+    unsigned first;
+
+    if (synced || range_in_sync (m, off, len))
+      first = ((ti->begin + off) >> READ_SPREAD_SHIFT) % n;
+    else
+      n = 1, first = 0;         /* only leg 0 has the data yet */
+    for (i = 0; i < n; i++) {
+      unsigned leg = (first + i) % m->nr_legs;
+      if (leg_readable (m, leg))
+        return io_emit_end_io (req, m->legs[leg].be,
+                               m->legs[leg].start + off, len, buf,
+                               mirror_read_end_io, m,
+                               MAKE_ARG (leg, 1u << leg));
+    }
+    /* Nothing healthy: try the first anyway, it may have recovered. */
+    return io_emit_end_io (req, m->legs[first].be,
+                           m->legs[first].start + off, len, buf,
+                           mirror_read_end_io, m,
+                           MAKE_ARG (first, 1u << first));
+  }
+
+  /* Writes, zeroes, trims: every leg, the same buffer.  With
+   * handle_errors a leg that failed a write is left out (it is no longer
+   * part of the mirror until a reload replaces it); without, every write
+   * still goes to it and fails.
+   */
+  {
+    unsigned skip = m->handle_errors ? atomic_load (&m->failed_mask) : 0;
+    unsigned n = 0, emitted = 0;
+    uint64_t arg = 0;
+
+    for (i = 0; i < m->nr_legs; i++)
+      n += !(skip & (1u << i));
+    if (n == 0)
+      return -EIO;
+    if (!synced) {
+      arg = ARG_COUNTED;
+      if (mirror_write_enter (m, off, len, n))
+        arg |= ARG_PARITY;
+    }
+    for (i = 0; i < m->nr_legs; i++) {
+      if (skip & (1u << i))
+        continue;
+      /* The hook marks a leg that fails ('D') in either mode. */
+      r = io_emit_end_io (req, m->legs[i].be, m->legs[i].start + off, len,
+                          buf, mirror_write_end_io, m, arg | i);
+      if (r < 0) {
+        if (arg & ARG_COUNTED)
+          atomic_fetch_sub (&m->writers[!!(arg & ARG_PARITY)], n - emitted);
+        return r;
+      }
+      emitted++;
+    }
+  }
+  return 0;
+}
+
+static int
+mirror_extents (struct target *ti, struct extent_walk *w, uint64_t off,
+                uint64_t len)
+{
+  struct mirror *m = ti->private;
+  unsigned leg = 0;
+
+  if (range_in_sync (m, off, len))
+    for (unsigned i = 0; i < m->nr_legs; i++)
+      if (leg_readable (m, i)) {
+        leg = i;
+        break;
+      }
+  return extent_walk_backend (w, ti, off, m->legs[leg].be,
+                              m->legs[leg].start + off, len);
+}
+
+/* --- status ----------------------------------------------------------- */
+
+static char
+leg_status_char (struct mirror *m, unsigned i)
+{
+  unsigned e = atomic_load (&m->legs[i].errors);
+
+  if (e & LEG_FLUSH_ERR)
+    return 'F';
+  if (e & LEG_WRITE_ERR)
+    return 'D';
+  if (e & LEG_SYNC_ERR)
+    return 'S';
+  if (e & LEG_READ_ERR)
+    return 'R';
+  return 'A';
+}
+
+/* dm: <#legs> <dev>... <in_sync>/<regions> 1 <A|D|S|R...> 1 core */
+static size_t
+mirror_info (struct mirror *m, char *buf, size_t len)
+{
+  char chars[MIRROR_MAX_LEGS + 1];
+  size_t used;
+  int n;
+
+  n = snprintf (buf, len, "%u", m->nr_legs);
+  used = n > 0 ? n : 0;
+  for (unsigned i = 0; i < m->nr_legs; i++) {
+    n = snprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
+                  " %s", m->legs[i].be->name);
+    used += n > 0 ? n : 0;
+    chars[i] = leg_status_char (m, i);
+  }
+  chars[m->nr_legs] = '\0';
+  n = snprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
+                " %" PRIu64 "/%" PRIu64 " 1 %s 1 core",
+                (uint64_t) atomic_load (&m->nr_in_sync), m->nr_regions, chars);
+  return used + (n > 0 ? n : 0);
+}
+
+static size_t
+mirror_status (struct target *ti, enum status_type type, char *buf,
+               size_t len)
+{
+  struct mirror *m = ti->private;
+  size_t used;
+  int n;
+
+  if (type == STATUSTYPE_INFO)
+    return mirror_info (m, buf, len);
+
+  n = snprintf (buf, len, "core %d %" PRIu64 "%s %u",
+                m->sync == SYNC_DEFAULT ? 1 : 2,
+                m->region_size >> MAPPER_SECTOR_SHIFT,
+                m->sync == SYNC_SYNC ? " sync"
+                : m->sync == SYNC_NOSYNC ? " nosync" : "", m->nr_legs);
+  used = n > 0 ? n : 0;
+  for (unsigned i = 0; i < m->nr_legs; i++) {
+    n = snprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
+                  " %s %" PRIu64, m->legs[i].be->name,
+                  m->legs[i].start >> MAPPER_SECTOR_SHIFT);
+    used += n > 0 ? n : 0;
+  }
+  if (m->handle_errors) {
+    n = snprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
+                  " 1 handle_errors");
+    used += n > 0 ? n : 0;
+  }
+  return used;
+}
+
+/* --- constructor -------------------------------------------------------- */
+
+static const char *
+number_error (int r)
+{
+  return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
+}
+
+static void mirror_dtr (struct target *ti);
+
+static int
+mirror_ctr (struct target *ti, unsigned argc, char **argv,
+            struct mapper_err *err)
+{
+  struct mirror *m;
+  uint64_t nlog, region, nlegs, nfeat, words;
+  unsigned a = 0;
+  int r;
+
+  /* The log: core <#log_args> <region_size> [sync|nosync]. */
+  if (argc < 2) {
+    mapper_err_set (err, "expected core <#log_args> <region_size> [sync|"
+                    "nosync] <#legs> <dev> <offset>..., got %u argument%s",
+                    argc, argc == 1 ? "" : "s");
+    return -EINVAL;
+  }
+  if (strcmp (argv[0], "core") != 0) {
+    mapper_err_set (err, "log type '%s' is not supported (only 'core')",
+                    argv[0]);
+    return -EINVAL;
+  }
+  if ((r = parse_u64 (argv[1], &nlog)) < 0) {
+    mapper_err_set (err, "#log_args '%s' %s", argv[1], number_error (r));
+    return -EINVAL;
+  }
+  if (nlog < 1 || nlog > 2) {
+    mapper_err_set (err, "core log takes 1 or 2 arguments (<region_size> "
+                    "[sync|nosync]), not %s", argv[1]);
+    return -EINVAL;
+  }
+  if (argc < 2 + nlog) {
+    mapper_err_set (err, "#log_args is %s but only %u argument%s follow%s",
+                    argv[1], argc - 2, argc - 2 == 1 ? "" : "s",
+                    argc - 2 == 1 ? "s" : "");
+    return -EINVAL;
+  }
+  a = 2;
+  if ((r = parse_u64 (argv[a], &region)) < 0) {
+    mapper_err_set (err, "region size '%s' %s", argv[a], number_error (r));
+    return -EINVAL;
+  }
+  if (region < 2 || !IS_POWER_OF_2 (region)) {
+    mapper_err_set (err, "region size %s sectors must be a power of two, "
+                    "at least 2", argv[a]);
+    return -EINVAL;
+  }
+  if (region > ti->len >> MAPPER_SECTOR_SHIFT) {
+    mapper_err_set (err, "region size %s sectors is larger than the target "
+                    "(%" PRIu64 " sectors)", argv[a],
+                    ti->len >> MAPPER_SECTOR_SHIFT);
+    return -EINVAL;
+  }
+  a++;
+
+  m = calloc (1, sizeof *m);
+  if (m == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  m->table = ti->table;
+  m->len = ti->len;
+  m->region_size = region << MAPPER_SECTOR_SHIFT;
+  m->region_shift = __builtin_ctzll (m->region_size);
+  m->nr_regions = (ti->len + m->region_size - 1) >> m->region_shift;
+  atomic_init (&m->recovering, NO_REGION);
+  pthread_mutex_init (&m->fence_lock, NULL);
+  pthread_cond_init (&m->fence_cond, NULL);
+  ti->private = m;
+
+  if (nlog == 2) {
+    if (strcmp (argv[a], "sync") == 0)
+      m->sync = SYNC_SYNC;
+    else if (strcmp (argv[a], "nosync") == 0)
+      m->sync = SYNC_NOSYNC;
+    else {
+      mapper_err_set (err, "unrecognised log argument '%s' (expected sync "
+                      "or nosync)", argv[a]);
+      goto einval;
+    }
+    a++;
+  }
+
+  /* The legs: <#legs> (<dev> <offset>){#legs}. */
+  if (a == argc) {
+    mapper_err_set (err, "missing <#legs>");
+    goto einval;
+  }
+  if ((r = parse_u64 (argv[a], &nlegs)) < 0) {
+    mapper_err_set (err, "#legs '%s' %s", argv[a], number_error (r));
+    goto einval;
+  }
+  if (nlegs < 2 || nlegs > MIRROR_MAX_LEGS) {
+    mapper_err_set (err, "a mirror needs 2 to %d legs, not %s",
+                    MIRROR_MAX_LEGS, argv[a]);
+    goto einval;
+  }
+  a++;
+  if (argc - a < 2 * nlegs) {
+    mapper_err_set (err, "%" PRIu64 " legs need %" PRIu64 " <dev> <offset> "
+                    "arguments, got %u", nlegs, 2 * nlegs, argc - a);
+    goto einval;
+  }
+  for (unsigned i = 0; i < nlegs; i++, a += 2) {
+    uint64_t start;
+    if ((r = parse_sectors (argv[a + 1], &start)) < 0) {
+      mapper_err_set (err, "leg %u: offset '%s' %s", i, argv[a + 1],
+                      number_error (r));
+      goto einval;
+    }
+    m->legs[i].start = start;
+    r = target_get_backend (ti, argv[a], start, ti->len, &m->legs[i].be,
+                            err);
+    if (r < 0) {
+      struct mapper_err e2;
+      mapper_err_set (&e2, "leg %u: %s", i, err->msg);
+      *err = e2;
+      goto fail;
+    }
+    m->nr_legs = i + 1;
+    for (unsigned j = 0; j < i; j++)
+      if (m->legs[j].be == m->legs[i].be) {
+        uint64_t s1 = m->legs[j].start, s2 = start;
+        if (s1 < s2 + ti->len && s2 < s1 + ti->len) {
+          mapper_err_set (err, "legs %u and %u overlap on %s", j, i,
+                          m->legs[i].be->name);
+          goto einval;
+        }
+      }
+  }
+
+  /* Features: [<#features> handle_errors]. */
+  if (a < argc) {
+    if ((r = parse_u64 (argv[a], &nfeat)) < 0) {
+      mapper_err_set (err, "#features '%s' %s", argv[a], number_error (r));
+      goto einval;
+    }
+    a++;
+    if (nfeat > argc - a) {
+      mapper_err_set (err, "#features is %" PRIu64 " but %u argument%s "
+                      "follow%s", nfeat, argc - a, argc - a == 1 ? "" : "s",
+                      argc - a == 1 ? "s" : "");
+      goto einval;
+    }
+    for (uint64_t i = 0; i < nfeat; i++, a++) {
+      if (strcmp (argv[a], "handle_errors") == 0)
+        m->handle_errors = true;
+      else {
+        mapper_err_set (err, "unrecognised feature '%s'%s", argv[a],
+                        strcmp (argv[a], "keep_log") == 0
+                        ? " (keep_log needs a disk log; only core is "
+                        "supported)" : " (expected handle_errors)");
+        goto einval;
+      }
+    }
+    if (a < argc) {
+      mapper_err_set (err, "too many arguments: '%s' after the features",
+                      argv[a]);
+      goto einval;
+    }
+  }
+
+  /* The region log, proportionate to size / region size. */
+  words = (m->nr_regions + 63) / 64;
+  m->in_sync = calloc (words, sizeof *m->in_sync);
+  if (m->in_sync == NULL) {
+    mapper_err_set (err, "out of memory for %" PRIu64 " regions",
+                    m->nr_regions);
+    r = -ENOMEM;
+    goto fail;
+  }
+  if (m->sync == SYNC_NOSYNC) {
+    for (uint64_t i = 0; i < words; i++)
+      atomic_init (&m->in_sync[i], UINT64_MAX);
+    atomic_init (&m->nr_in_sync, m->nr_regions);
+    atomic_init (&m->all_in_sync, true);
+  }
+  return 0;
+
+ einval:
+  r = -EINVAL;
+ fail:
+  mirror_dtr (ti);
+  ti->private = NULL;
+  return r;
+}
+
+static void
+mirror_resume (struct target *ti)
+{
+  struct mirror *m = ti->private;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&resync_lock);
+  int r;
+
+  m->live = true;
+  enqueue_locked (m);
+  if ((r = kick_worker_locked ()) < 0 && mapper_debug)
+    mapper_debug ("mirror %s: cannot start the resync thread: %s",
+                  ti->table->origin, strerror (-r));
+}
+
+static void
+mirror_postsuspend (struct target *ti)
+{
+  struct mirror *m = ti->private;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&resync_lock);
+
+  m->live = false;
+  dequeue_locked (m);
+  while (resync_current == m)
+    pthread_cond_wait (&resync_cond, &resync_lock);
+}
+
+static void
+mirror_dtr (struct target *ti)
+{
+  struct mirror *m = ti->private;
+
+  if (m == NULL)
+    return;
+  mirror_postsuspend (ti);
+  pthread_cond_destroy (&m->fence_cond);
+  pthread_mutex_destroy (&m->fence_lock);
+  free (m->in_sync);
+  free (m);
+}
+
+static int
+mirror_iterate_backends (struct target *ti,
+                         int (*fn) (struct target *, struct backend *, void *),
+                         void *data)
+{
+  struct mirror *m = ti->private;
+  int r;
+
+  for (unsigned i = 0; i < m->nr_legs; i++)
+    if ((r = fn (ti, m->legs[i].be, data)) != 0)
+      return r;
+  return 0;
+}
+
+const struct target_type mirror_target = {
+  .name = "mirror",
+  .version = { 1, 14, 0 },
+  .ctr = mirror_ctr,
+  .dtr = mirror_dtr,
+  .map = mirror_map,
+  .extents = mirror_extents,
+  .status = mirror_status,
+  .iterate_backends = mirror_iterate_backends,
+  .resume = mirror_resume,
+  .postsuspend = mirror_postsuspend,
+  .flush_failed = mirror_flush_failed,
+};

@@ -1,0 +1,594 @@
+/* Unit tests: the mirror target and stacking ("mapper:NAME").
+ *
+ *  - every invalid mirror table refused with EINVAL and a message naming
+ *    the place and the argument; valid tables round-trip through
+ *    table_format;
+ *  - writes reach every leg, reads come back, status is dm's;
+ *  - a leg that dies (a stacked device reloaded to an error table):
+ *    reads retried on the other leg, writes kept going with
+ *    handle_errors (status D), failed without it;
+ *  - resync of a "sync" mirror with foreground writes racing it: legs
+ *    byte-identical and equal to the model at the end; reads during
+ *    resync only see leg 0's data;
+ *  - stacking cycles refused (self, A -> B -> A); a flush of a mirror
+ *    over two stacked devices on one file flushes that file once.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "unit.h"
+
+#define S 512ULL
+#define LEG_SECTORS 2048ULL             /* 1 MiB legs */
+#define LEG_SIZE (LEG_SECTORS * S)
+
+static char *A, *B, *C;                 /* leg files */
+
+/* --- helpers ---------------------------------------------------------- */
+
+static struct device *
+mkdev (const char *name, const char *text)
+{
+  struct mapper_err err = { "" };
+  struct device *dev;
+  struct table *t;
+
+  if (device_create (name, &dev, &err) < 0)
+    UNIT_FATAL ("device_create %s: %s", name, err.msg);
+  if (table_parse (text, name, &t, &err) < 0)
+    UNIT_FATAL ("table for %s: %s", name, err.msg);
+  if (device_load (dev, t) < 0 || device_resume (dev, &err) < 0)
+    UNIT_FATAL ("load %s: %s", name, err.msg);
+  return dev;
+}
+
+static void
+reload (struct device *dev, const char *text)
+{
+  struct mapper_err err = { "" };
+  struct table *t;
+
+  if (table_parse (text, device_name (dev), &t, &err) < 0)
+    UNIT_FATAL ("table for %s: %s", device_name (dev), err.msg);
+  if (device_load (dev, t) < 0 || device_resume (dev, &err) < 0)
+    UNIT_FATAL ("reload %s: %s", device_name (dev), err.msg);
+}
+
+static void
+status_of (struct device *dev, char *buf, size_t len)
+{
+  device_status (dev, buf, len);
+  buf[strcspn (buf, "\n")] = '\0';
+}
+
+/* Parse "0 2048 mirror <args>" expecting failure with errno and a message
+ * containing want.
+ */
+static void
+bad (const char *args, int want_errno, const char *want)
+{
+  CLEANUP_FREE char *text = unit_sprintf ("0 %llu mirror %s\n", LEG_SECTORS,
+                                          args);
+  struct mapper_err err = { "" };
+  struct table *t = NULL;
+  int r = table_parse (text, "bad.table", &t, &err);
+
+  CHECKF (r == -want_errno, "%s: got %d (%s), want -%d", args, r, err.msg,
+          want_errno);
+  CHECKF (strstr (err.msg, want) != NULL, "%s: message '%s' lacks '%s'",
+          args, err.msg, want);
+  CHECKF (strncmp (err.msg, "bad.table:1: mirror: ", 21) == 0,
+          "%s: message '%s' does not name the place", args, err.msg);
+  if (r == 0)
+    table_free (t);
+}
+
+static void
+good (const char *args, const char *want_format)
+{
+  CLEANUP_FREE char *text = unit_sprintf ("0 %llu mirror %s\n", LEG_SECTORS,
+                                          args);
+  CLEANUP_FREE char *want = unit_sprintf ("0 %llu mirror %s\n", LEG_SECTORS,
+                                          want_format ? want_format : args);
+  struct mapper_err err = { "" };
+  struct table *t;
+  char buf[4096];
+
+  if (table_parse (text, "good.table", &t, &err) < 0) {
+    CHECKF (0, "%s: %s", args, err.msg);
+    return;
+  }
+  table_format (t, buf, sizeof buf);
+  CHECKF (strcmp (buf, want) == 0, "format '%s', want '%s'", buf, want);
+  table_free (t);
+}
+
+/* --- constructor -------------------------------------------------------- */
+
+static void
+test_ctr (void)
+{
+  CLEANUP_FREE char *two = unit_sprintf ("2 %s 0 %s 0", A, B);
+  char args[4096];
+
+#define BAD(err, msg, ...) do { \
+    snprintf (args, sizeof args, __VA_ARGS__); bad (args, err, msg); \
+  } while (0)
+
+  BAD (EINVAL, "expected core", "core");
+  BAD (EINVAL, "log type 'disk' is not supported", "disk 1 64 %s", two);
+  BAD (EINVAL, "#log_args 'x' is not", "core x 64 %s", two);
+  BAD (EINVAL, "1 or 2 arguments", "core 0 %s", two);
+  BAD (EINVAL, "1 or 2 arguments", "core 3 64 sync x %s", two);
+  BAD (EINVAL, "#log_args is 2 but only 1 argument follows", "core 2 64");
+  BAD (EINVAL, "region size '-1'", "core 1 -1 %s", two);
+  BAD (EINVAL, "region size 0 sectors must be a power of two",
+       "core 1 0 %s", two);
+  BAD (EINVAL, "region size 1 sectors must be a power of two",
+       "core 1 1 %s", two);
+  BAD (EINVAL, "region size 96 sectors must be a power of two",
+       "core 1 96 %s", two);
+  BAD (EINVAL, "larger than the target", "core 1 4096 %s", two);
+  BAD (EINVAL, "unrecognised log argument 'fast'", "core 2 64 fast %s", two);
+  BAD (EINVAL, "missing <#legs>", "core 2 64 sync");
+  BAD (EINVAL, "a mirror needs 2 to 9 legs, not 1", "core 1 64 1 %s 0", A);
+  BAD (EINVAL, "a mirror needs 2 to 9 legs, not 0", "core 1 64 0");
+  BAD (EINVAL, "a mirror needs 2 to 9 legs, not 10",
+       "core 1 64 10 %s 0 %s 0", A, B);
+  BAD (EINVAL, "#legs 'two' is not", "core 1 64 two %s 0 %s 0", A, B);
+  BAD (EINVAL, "3 legs need 6 <dev> <offset> arguments, got 4",
+       "core 1 64 3 %s 0 %s 0", A, B);
+  BAD (EINVAL, "2 legs need 4 <dev> <offset> arguments, got 3",
+       "core 1 64 2 %s 0 %s", A, B);
+  BAD (EINVAL, "leg 1: offset 'x'", "core 1 64 2 %s 0 %s x", A, B);
+  BAD (EINVAL, "leg 1: ", "core 1 64 2 %s 0 %s 1", A, B);  /* beyond end */
+  BAD (ENOENT, "leg 1: /nonexistent", "core 1 64 2 %s 0 /nonexistent 0", A);
+  BAD (EINVAL, "legs 0 and 1 overlap", "core 1 64 2 %s 0 %s 100", C, C);
+  BAD (EINVAL, "unrecognised feature 'foo'", "core 1 64 %s 1 foo", two);
+  BAD (EINVAL, "keep_log", "core 1 64 %s 1 keep_log", two);
+  BAD (EINVAL, "#features is 2 but 1 argument follows",
+       "core 1 64 %s 2 handle_errors", two);
+  BAD (EINVAL, "#features 'x'", "core 1 64 %s x handle_errors", two);
+  BAD (EINVAL, "too many arguments: 'extra'",
+       "core 1 64 %s 1 handle_errors extra", two);
+  BAD (EINVAL, "too many arguments: '0'", "core 1 64 %s 0 0", two);
+#undef BAD
+
+  /* Round trips, dm's spelling. */
+  snprintf (args, sizeof args, "core 1 64 %s", two);
+  good (args, NULL);
+  snprintf (args, sizeof args, "core 2 1024 nosync %s 1 handle_errors", two);
+  good (args, NULL);
+  snprintf (args, sizeof args, "core 2 8 sync 3 %s 0 %s 0 %s 2048", A, B, C);
+  good (args, NULL);
+  {
+    char want[4096];
+    snprintf (args, sizeof args, "core 1 64 %s 0", two);
+    snprintf (want, sizeof want, "core 1 64 %s", two);
+    good (args, want);              /* zero features: nothing to print */
+  }
+}
+
+/* --- I/O -------------------------------------------------------------- */
+
+static void
+check_file (const char *path, const unsigned char *want, size_t len,
+            const char *what)
+{
+  size_t size;
+  CLEANUP_FREE char *got = unit_read_file (path, &size);
+  long d;
+
+  if (got == NULL || size < len) {
+    CHECKF (0, "%s: cannot read %s", what, path);
+    return;
+  }
+  d = unit_first_diff (got, want, len);
+  CHECKF (d == -1, "%s: %s differs at byte %ld", what, path, d);
+}
+
+static void
+test_io (void)
+{
+  CLEANUP_FREE char *text =
+    unit_sprintf ("0 %llu mirror core 2 64 nosync 2 %s 0 %s 0\n",
+                  LEG_SECTORS, A, B);
+  CLEANUP_FREE unsigned char *model = malloc (LEG_SIZE);
+  CLEANUP_FREE unsigned char *buf = malloc (LEG_SIZE);
+  struct device *dev;
+  char st[1024], want[1024];
+
+  unit_write_file (A, NULL, LEG_SIZE);
+  unit_write_file (B, NULL, LEG_SIZE);
+  dev = mkdev ("m", text);
+  unit_fill (model, LEG_SIZE, 7, 0);
+  /* Unaligned pieces, and one request for the lot. */
+  CHECK_EQ (device_pwrite (dev, model, LEG_SIZE, 0, 0), 0);
+  CHECK_EQ (device_pwrite (dev, model + 777, 5000, 777, MAPPER_FUA), 0);
+  check_file (A, model, LEG_SIZE, "leg A");
+  check_file (B, model, LEG_SIZE, "leg B");
+  for (uint64_t off = 0; off < LEG_SIZE; off += 65536 + 3) {
+    uint32_t n = MIN (70000, LEG_SIZE - off);
+    memset (buf, 0, n);
+    CHECK_EQ (device_pread (dev, buf, n, off, 0), 0);
+    CHECKF (memcmp (buf, model + off, n) == 0, "read at %" PRIu64, off);
+  }
+  CHECK_EQ (device_zero (dev, 4096, 8192, 0), 0);
+  CHECK_EQ (device_trim (dev, 4096, 16384, 0), 0);
+  CHECK_EQ (device_flush (dev, 0), 0);
+  CHECK_EQ (device_pread (dev, buf, 4096, 8192, 0), 0);
+  CHECK (unit_is_zero (buf, 4096));
+  snprintf (want, sizeof want, "0 %llu mirror 2 %s %s 32/32 1 AA 1 core",
+            LEG_SECTORS, A, B);
+  status_of (dev, st, sizeof st);
+  CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+  device_destroy (dev);
+}
+
+/* Reads are spread over the legs (by 1 MiB of device offset): a read at
+ * 0 and one at 1 MiB go to different legs; writes go to both.
+ */
+static char last_log[4096];
+
+static void
+capture_log (const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (last_log, sizeof last_log, fmt, ap);
+  va_end (ap);
+}
+
+static void
+test_read_spread (void)
+{
+  CLEANUP_FREE char *D = strdup (unit_path ("d.img"));
+  CLEANUP_FREE char *text =
+    unit_sprintf ("0 %llu mirror core 1 64 2 %s 0 %s 0\n",
+                  2 * LEG_SECTORS, C, D);
+  CLEANUP_FREE char *want0 = NULL, *want1 = NULL;
+  char buf[4096];
+  struct device *dev;
+
+  unit_write_file (C, NULL, 2 * LEG_SIZE);
+  unit_write_file (D, NULL, 2 * LEG_SIZE);
+  /* Default sync, and the engine (resync worker) not started yet: every
+   * region out of sync, so only leg 0 may serve reads, even at 1 MiB.
+   */
+  dev = mkdev ("spread", text);
+  mapper_debug = capture_log;
+  mapper_trace_io = true;
+  want0 = unit_sprintf ("read 0+4096 -> 1 clone: [%s 0+4096]", C);
+  want1 = unit_sprintf ("read %llu+4096 -> 1 clone: [%s %llu+4096]",
+                        LEG_SIZE, D, LEG_SIZE);
+  CHECK_EQ (device_pread (dev, buf, 4096, LEG_SIZE, 0), 0);
+  CHECKF (strstr (last_log, C) && !strstr (last_log, D), "log '%s'", last_log);
+  device_destroy (dev);
+
+  free (text);
+  text = unit_sprintf ("0 %llu mirror core 2 64 nosync 2 %s 0 %s 0\n",
+                       2 * LEG_SECTORS, C, D);
+  dev = mkdev ("spread", text);
+  CHECK_EQ (device_pread (dev, buf, 4096, 0, 0), 0);
+  CHECKF (strstr (last_log, want0), "log '%s', want '%s'", last_log, want0);
+  CHECK_EQ (device_pread (dev, buf, 4096, LEG_SIZE, 0), 0);
+  CHECKF (strstr (last_log, want1), "log '%s', want '%s'", last_log, want1);
+  CHECK_EQ (device_pwrite (dev, buf, 4096, 0, 0), 0);
+  CHECKF (strstr (last_log, "-> 2 clones"), "log '%s'", last_log);
+  mapper_debug = NULL;
+  mapper_trace_io = false;
+  device_destroy (dev);
+}
+
+/* A leg dies: legs are lowA (a stacked device over file A, reloaded to an
+ * error table to kill it) and file B.
+ */
+static void
+test_leg_failure (bool handle_errors)
+{
+  CLEANUP_FREE char *lowA = unit_sprintf ("0 %llu linear %s 0\n",
+                                          LEG_SECTORS, A);
+  CLEANUP_FREE char *dead = unit_sprintf ("0 %llu error\n", LEG_SECTORS);
+  CLEANUP_FREE char *text =
+    unit_sprintf ("0 %llu mirror core 2 64 nosync 2 mapper:lowA 0 %s 0%s\n",
+                  LEG_SECTORS, B, handle_errors ? " 1 handle_errors" : "");
+  CLEANUP_FREE unsigned char *model = malloc (LEG_SIZE);
+  CLEANUP_FREE unsigned char *buf = malloc (LEG_SIZE);
+  struct device *low, *dev;
+  char st[1024], want[1024];
+
+  unit_write_file (A, NULL, LEG_SIZE);
+  unit_write_file (B, NULL, LEG_SIZE);
+  unit_fill (model, LEG_SIZE, 11, 0);
+  low = mkdev ("lowA", lowA);
+  dev = mkdev ("m", text);
+  CHECK_EQ (device_pwrite (dev, model, LEG_SIZE, 0, 0), 0);
+
+  reload (low, dead);
+  /* Offset 0 reads from leg 0 first (reads change leg every 1 MiB): the
+   * error is retried on leg 1 and the client never sees it.
+   */
+  memset (buf, 0, 65536);
+  CHECK_EQ (device_pread (dev, buf, 65536, 0, 0), 0);
+  CHECK (memcmp (buf, model, 65536) == 0);
+  snprintf (want, sizeof want, "0 %llu mirror 2 mapper:lowA %s 32/32 1 RA "
+            "1 core", LEG_SECTORS, B);
+  status_of (dev, st, sizeof st);
+  CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+
+  /* Writes: kept going on B with handle_errors, failed without. */
+  unit_fill (model, 65536, 12, 0);
+  CHECK_EQ (device_pwrite (dev, model, 65536, 0, 0),
+            handle_errors ? 0 : -EIO);
+  CHECK_EQ (device_pwrite (dev, model, 65536, 0, 0),
+            handle_errors ? 0 : -EIO);
+  snprintf (want, sizeof want, "0 %llu mirror 2 mapper:lowA %s 32/32 1 DA "
+            "1 core", LEG_SECTORS, B);
+  status_of (dev, st, sizeof st);
+  CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+  CHECK_EQ (device_pread (dev, buf, 65536, 0, 0), 0);
+  CHECK (memcmp (buf, model, 65536) == 0);
+  check_file (B, model, 65536, "surviving leg");
+
+  device_destroy (dev);
+  device_destroy (low);
+}
+
+/* A leg's flush fails (its writes may be lost: backend_writes_lost, as a
+ * remote backend does when its connection drops): with handle_errors the
+ * device flush succeeds and the leg shows F, then is left out of writes;
+ * without, the flush fails.
+ */
+static void
+test_flush_failure (bool handle_errors)
+{
+  CLEANUP_FREE char *text =
+    unit_sprintf ("0 %llu mirror core 2 64 nosync 2 %s 0 %s 0%s\n",
+                  LEG_SECTORS, A, B, handle_errors ? " 1 handle_errors" : "");
+  CLEANUP_FREE unsigned char *data = malloc (65536);
+  struct device *dev;
+  struct backend *legB;
+  char st[1024], want[1024];
+
+  unit_write_file (A, NULL, LEG_SIZE);
+  unit_write_file (B, NULL, LEG_SIZE);
+  dev = mkdev ("m", text);
+  legB = dev->live->backends.ptr[1];
+  unit_fill (data, 65536, 3, 0);
+  CHECK_EQ (device_pwrite (dev, data, 65536, 0, 0), 0);
+  backend_writes_lost (legB);
+  CHECK_EQ (device_flush (dev, 0), handle_errors ? 0 : -EIO);
+  snprintf (want, sizeof want, "0 %llu mirror 2 %s %s 32/32 1 AF 1 core",
+            LEG_SECTORS, A, B);
+  status_of (dev, st, sizeof st);
+  CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+  /* With handle_errors the leg is out: new writes reach A only. */
+  unit_fill (data, 65536, 4, 0);
+  CHECK_EQ (device_pwrite (dev, data, 65536, 65536, 0), 0);
+  CHECK_EQ (device_flush (dev, 0), 0);
+  {
+    size_t size;
+    CLEANUP_FREE char *b = unit_read_file (B, &size);
+    CHECK (b != NULL);
+    if (b)
+      CHECK_EQ (memcmp (b + 65536, data, 65536) != 0, handle_errors);
+  }
+  device_destroy (dev);
+}
+
+/* --- resync ---------------------------------------------------------- */
+
+struct writer_arg {
+  struct device *dev;
+  unsigned char *model;
+  _Atomic bool stop;
+  unsigned nr;
+};
+
+static void *
+writer (void *p)
+{
+  struct writer_arg *w = p;
+  unsigned seed = 1;
+
+  while (!atomic_load (&w->stop)) {
+    uint64_t off = (rand_r (&seed) % (LEG_SIZE / 512)) * 512 + rand_r (&seed) % 512;
+    uint32_t n = 1 + rand_r (&seed) % 20000;
+    unsigned char data[20000];
+    if (off + n > LEG_SIZE)
+      n = LEG_SIZE - off;
+    unit_fill (data, n, w->nr + 100, off);
+    /* The model is written by this thread only. */
+    if (device_pwrite (w->dev, data, n, off, 0) != 0)
+      fprintf (stderr, "writer: write failed\n"), exit (1);
+    memcpy (w->model + off, data, n);
+    w->nr++;
+  }
+  return NULL;
+}
+
+static bool
+wait_in_sync (struct device *dev, const char *want_frac)
+{
+  char st[1024];
+
+  /* A bound so a hang fails instead of blocking the suite. */
+  for (int i = 0; i < 60000; i++) {
+    status_of (dev, st, sizeof st);
+    if (strstr (st, want_frac))
+      return true;
+    usleep (1000);
+  }
+  fprintf (stderr, "resync never finished: %s\n", st);
+  return false;
+}
+
+static void
+test_resync (void)
+{
+  /* Region 32 sectors: 64 regions, each copy raced by writes (and so
+   * throttled: resync pauses after a region that met foreground I/O). */
+  CLEANUP_FREE char *text =
+    unit_sprintf ("0 %llu mirror core 2 32 sync 3 %s 0 %s 0 %s 0\n",
+                  LEG_SECTORS, A, B, C);
+  CLEANUP_FREE unsigned char *model = malloc (LEG_SIZE);
+  CLEANUP_FREE unsigned char *buf = malloc (LEG_SIZE);
+  struct writer_arg w = { 0 };
+  struct mapper_err err;
+  struct device *dev;
+  pthread_t thr;
+  char st[1024];
+
+  unit_fill (model, LEG_SIZE, 21, 0);
+  unit_write_file (A, model, LEG_SIZE);
+  unit_fill (buf, LEG_SIZE, 22, 0);
+  unit_write_file (B, buf, LEG_SIZE);     /* stale garbage */
+  unit_write_file (C, NULL, LEG_SIZE);
+  dev = mkdev ("m", text);
+
+  /* Not started: nothing copied, reads see leg 0 everywhere. */
+  status_of (dev, st, sizeof st);
+  CHECKF (strstr (st, " 0/64 1 AAA 1 core") != NULL, "status '%s'", st);
+  for (uint64_t off = 0; off < LEG_SIZE; off += 131072) {
+    CHECK_EQ (device_pread (dev, buf, 131072, off, 0), 0);
+    CHECKF (memcmp (buf, model + off, 131072) == 0, "read at %" PRIu64, off);
+  }
+
+  w.dev = dev;
+  w.model = model;
+  CHECK_EQ (pthread_create (&thr, NULL, writer, &w), 0);
+  CHECK_EQ (engine_start (&err), 0);
+  CHECK (wait_in_sync (dev, " 64/64 1 AAA 1 core"));
+  atomic_store (&w.stop, true);
+  pthread_join (thr, NULL);
+  CHECK_EQ (device_flush (dev, 0), 0);
+  check_file (A, model, LEG_SIZE, "resync leg A");
+  check_file (B, model, LEG_SIZE, "resync leg B");
+  check_file (C, model, LEG_SIZE, "resync leg C");
+  CHECK_EQ (device_pread (dev, buf, LEG_SIZE, 0, 0), 0);
+  CHECK (memcmp (buf, model, LEG_SIZE) == 0);
+
+  /* A reload replacing a leg resyncs it; the old table's resync state
+   * goes with it.
+   */
+  unit_write_file (C, NULL, LEG_SIZE);
+  reload (dev, text);
+  CHECK (wait_in_sync (dev, " 64/64 1 AAA 1 core"));
+  check_file (C, model, LEG_SIZE, "replaced leg C");
+
+  /* Destroyed in the middle of a resync. */
+  unit_write_file (C, NULL, LEG_SIZE);
+  reload (dev, text);
+  device_destroy (dev);
+  engine_stop ();
+  fprintf (stderr, "resync: %u foreground writes raced it\n", w.nr);
+}
+
+/* --- stacking ----------------------------------------------------------- */
+
+static void
+test_stacking (void)
+{
+  CLEANUP_FREE char *lo = unit_sprintf ("0 %llu linear %s 0\n", LEG_SECTORS / 2, C);
+  CLEANUP_FREE char *lo2 = unit_sprintf ("0 %llu linear %s %llu\n",
+                                         LEG_SECTORS / 2, C, LEG_SECTORS / 2);
+  CLEANUP_FREE char *top =
+    unit_sprintf ("0 %llu mirror core 1 64 2 mapper:lo 0 mapper:lo2 0\n",
+                  LEG_SECTORS / 2);
+  CLEANUP_FREE unsigned char *data = malloc (LEG_SIZE);
+  struct device *l1, *l2, *t;
+  struct mapper_err err = { "" };
+  struct table *tab;
+  struct backend *leaf;
+  uint64_t before;
+
+  unit_write_file (C, NULL, LEG_SIZE);
+  l1 = mkdev ("lo", lo);
+  l2 = mkdev ("lo2", lo2);
+  t = mkdev ("top", top);
+
+  /* A flush of the top flushes the one leaf file once. */
+  leaf = l1->live->backends.ptr[0];
+  unit_fill (data, 65536, 5, 0);
+  CHECK_EQ (device_pwrite (t, data, 65536, 4096, 0), 0);
+  before = leaf->nr_flushes;
+  CHECK_EQ (device_flush (t, 0), 0);
+  CHECK_EQ (leaf->nr_flushes - before, 1);
+  CHECK_EQ (device_flush (t, 0), 0);      /* clean: none */
+  CHECK_EQ (leaf->nr_flushes - before, 1);
+  {
+    size_t size;
+    CLEANUP_FREE char *f = unit_read_file (C, &size);
+    CHECK (f && memcmp (f + 4096, data, 65536) == 0);
+    CHECK (f && memcmp (f + LEG_SIZE / 2 + 4096, data, 65536) == 0);
+  }
+
+  /* Self-reference and a cycle through another device: refused, and the
+   * devices keep their tables.
+   */
+  CHECK_EQ (table_parse ("0 1024 linear mapper:lo2 0\n", "lo.table", &tab,
+                         &err), 0);
+  CHECK_EQ (device_check_table (l2, tab, &err), -ELOOP);
+  CHECKF (strstr (err.msg, "mapper:lo2: device 'lo2' cannot stack on itself"),
+          "message '%s'", err.msg);
+  CHECK_EQ (device_load (l2, tab), -ELOOP);   /* takes (frees) tab */
+
+  CHECK_EQ (table_parse ("0 1024 linear mapper:top 0\n", "lo.table", &tab,
+                         &err), 0);
+  CHECK_EQ (device_check_table (l1, tab, &err), -ELOOP);
+  CHECKF (strstr (err.msg, "mapper:top: stacking cycle: lo -> top -> lo"),
+          "message '%s'", err.msg);
+  table_free (tab);
+  CHECK_EQ (device_pread (t, data, 4096, 0, 0), 0);
+
+  /* Unknown and unloaded devices. */
+  CHECK_EQ (table_parse ("0 8 linear mapper:nope 0\n", "x.table", &tab, &err),
+            -ENXIO);
+  CHECKF (strstr (err.msg, "x.table:1: linear: mapper:nope: no such device"),
+          "message '%s'", err.msg);
+  CHECK_EQ (table_parse ("0 8 linear mapper: 0\n", "x.table", &tab, &err),
+            -EINVAL);
+  CHECKF (strstr (err.msg, "missing device name"), "message '%s'", err.msg);
+  CHECK_EQ (table_parse ("0 2048 linear mapper:lo 0\n", "x.table", &tab, &err),
+            -EINVAL);
+  CHECKF (strstr (err.msg, "beyond the end"), "message '%s'", err.msg);
+
+  device_destroy (t);
+  device_destroy (l2);
+  device_destroy (l1);
+}
+
+int
+main (void)
+{
+  A = strdup (unit_path ("a.img"));
+  B = strdup (unit_path ("b.img"));
+  C = strdup (unit_path ("c.img"));
+  unit_write_file (A, NULL, LEG_SIZE);
+  unit_write_file (B, NULL, LEG_SIZE);
+  unit_write_file (C, NULL, 2 * LEG_SIZE);
+
+  test_ctr ();
+  test_io ();
+  test_read_spread ();
+  test_leg_failure (true);
+  test_leg_failure (false);
+  test_flush_failure (true);
+  test_flush_failure (false);
+  test_resync ();
+  test_stacking ();
+  free (A);
+  free (B);
+  free (C);
+  UNIT_EXIT ();
+}
