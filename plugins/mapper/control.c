@@ -262,6 +262,7 @@ persist_rename (const char *old, const char *new, char **msg)
 /* The result of one command: status + payload (or error message). */
 struct reply {
   unsigned status;
+  uint32_t flags;               /* the request's PROTO_F_* */
   FILE *out;                    /* payload under construction */
   char *text;
   size_t len;
@@ -429,13 +430,13 @@ static int
 table_one (struct device *dev, void *opaque)
 {
   struct reply *rp = opaque;
-  bool inactive = rp->status & PROTO_F_INACTIVE;
+  bool inactive = rp->flags & PROTO_F_INACTIVE;
   int r = 0;
   char *text = device_table_text (dev, inactive, &r);
 
   if (text == NULL)
     return fail (rp, -r, "table: out of memory");
-  if (!(rp->status & PROTO_F_SHOWKEYS))
+  if (!(rp->flags & PROTO_F_SHOWKEYS))
     proto_mask_crypt_keys (text);
   emit_lines (rp->out, device_name (dev), text);
   free (text);
@@ -445,14 +446,7 @@ table_one (struct device *dev, void *opaque)
 static int
 cmd_table (struct reply *rp, struct proto_request *req)
 {
-  int r;
-
-  /* The flags ride in status until the reply is built. */
-  rp->status = req->flags & (PROTO_F_INACTIVE | PROTO_F_SHOWKEYS);
-  r = one_or_all (rp, req, table_one);
-  if (r == 0)
-    rp->status = PROTO_OK;
-  return r;
+  return one_or_all (rp, req, table_one);
 }
 
 static int
@@ -892,6 +886,7 @@ execute (struct control_conn *c)
     goto respond;
   }
   c->last_seq = req.seq;
+  rp.flags = req.flags;
   if (req.cmd == PROTO_CMD_HELLO || req.cmd > PROTO_CMD_MAX) {
     fail (&rp, ENOTSUP, "unknown command %u", req.cmd);
     goto respond;
