@@ -8,16 +8,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
 DEFINE_VECTOR_TYPE (device_vector, struct device *);
 
-/* Protects the registry (not the devices in it).  Taken when devices are
- * created, removed, listed or looked up at connection open: never per
- * request.
+/* Protects the registry (not the devices in it) and each device's name
+ * and uuid.  Taken when devices are created, removed, listed or looked up
+ * at connection open: never per request.  Recursive so device_foreach
+ * callbacks may use the accessors that take it.  Order: devices_lock
+ * before any dev->lock.
  */
-static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t devices_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static device_vector devices;          /* in creation order */
 
 int
@@ -117,29 +120,63 @@ device_create (const char *name, struct device **out, struct mapper_err *err)
   atomic_init (&dev->inflight, 0);
   atomic_init (&dev->suspended, true);
   atomic_init (&dev->open_count, 0);
+  atomic_init (&dev->refs, 1);  /* the registry's */
   *out = dev;
   return 0;
 }
 
-void
-device_destroy (struct device *dev)
+/* Out of the registry; called with devices_lock held. */
+static void
+unregister_locked (struct device *dev)
 {
-  {
-    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
-    for (size_t i = 0; i < devices.len; i++)
-      if (devices.ptr[i] == dev) {
-        device_vector_remove (&devices, i);
-        break;
-      }
-    if (devices.len == 0)
-      device_vector_reset (&devices);
-  }
+  for (size_t i = 0; i < devices.len; i++)
+    if (devices.ptr[i] == dev) {
+      device_vector_remove (&devices, i);
+      break;
+    }
+  if (devices.len == 0)
+    device_vector_reset (&devices);
+  dev->removed = true;
+}
+
+static void
+device_free (struct device *dev)
+{
   table_free (dev->live);
   table_free (dev->inactive);
   pthread_cond_destroy (&dev->cond);
   pthread_mutex_destroy (&dev->lock);
+  for (size_t i = 0; i < dev->nr_old_names; i++)
+    free (dev->old_names[i]);
+  free (dev->old_names);
+  free (dev->uuid);
   free (dev->name);
   free (dev);
+}
+
+void
+device_put (struct device *dev)
+{
+  if (dev && atomic_fetch_sub (&dev->refs, 1) == 1)
+    device_free (dev);
+}
+
+/* Unregister and drop the registry's reference (whoever still holds one
+ * keeps the device alive until device_put).
+ */
+void
+device_destroy (struct device *dev)
+{
+  bool was_registered;
+
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+    was_registered = !dev->removed;
+    if (was_registered)
+      unregister_locked (dev);
+  }
+  if (was_registered)
+    device_put (dev);
 }
 
 const char *
@@ -359,4 +396,408 @@ void
 device_open_count_add (struct device *dev, int delta)
 {
   atomic_fetch_add (&dev->open_count, delta);
+}
+
+/* --- control plane: lifetime ------------------------------------------ */
+
+struct device *
+device_get (const char *name)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+  struct device *dev = lookup_locked (name);
+
+  if (dev)
+    atomic_fetch_add (&dev->refs, 1);
+  return dev;
+}
+
+struct device *
+device_open_conn (const char *name)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+  struct device *dev = lookup_locked (name);
+
+  if (dev) {
+    atomic_fetch_add (&dev->refs, 1);
+    atomic_fetch_add (&dev->open_count, 1);
+  }
+  return dev;
+}
+
+void
+device_close_conn (struct device *dev)
+{
+  atomic_fetch_sub (&dev->open_count, 1);
+  device_put (dev);
+}
+
+int
+device_foreach (int (*fn) (struct device *dev, void *opaque), void *opaque)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+
+  for (size_t i = 0; i < devices.len; i++) {
+    int r = fn (devices.ptr[i], opaque);
+    if (r)
+      return r;
+  }
+  return 0;
+}
+
+int
+device_set_uuid (struct device *dev, const char *uuid,
+                 struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+  size_t len = strlen (uuid);
+  char *copy;
+
+  if (len == 0 || len > MAPPER_NAME_MAX) {
+    mapper_err_set (err, "uuid must be 1 to %d bytes, got %zu",
+                    MAPPER_NAME_MAX, len);
+    return -EINVAL;
+  }
+  for (const unsigned char *p = (const unsigned char *) uuid; *p; p++)
+    if (*p <= 0x20 || *p >= 0x7f) {
+      mapper_err_set (err, "uuid contains byte 0x%02x at %zu: only "
+                      "printable ASCII without spaces", *p,
+                      (size_t) (p - (const unsigned char *) uuid));
+      return -EINVAL;
+    }
+  for (size_t i = 0; i < devices.len; i++)
+    if (devices.ptr[i] != dev && devices.ptr[i]->uuid &&
+        strcmp (devices.ptr[i]->uuid, uuid) == 0) {
+      mapper_err_set (err, "uuid '%s' is already used by device '%s'",
+                      uuid, devices.ptr[i]->name);
+      return -EEXIST;
+    }
+  copy = strdup (uuid);
+  if (copy == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  free (dev->uuid);
+  dev->uuid = copy;
+  return 0;
+}
+
+char *
+device_uuid (struct device *dev)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+  return dev->uuid ? strdup (dev->uuid) : NULL;
+}
+
+void
+device_get_info (struct device *dev, struct device_info *info)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+
+  info->suspended = atomic_load (&dev->suspended);
+  info->live = dev->live != NULL;
+  info->inactive = dev->inactive != NULL;
+  info->open_count = atomic_load (&dev->open_count);
+  info->event_nr = dev->event_nr;
+  info->nr_targets = dev->live ? dev->live->nr_targets : 0;
+  info->size = dev->live ? dev->live->caps.size : 0;
+}
+
+int
+device_remove (struct device *dev, bool force, struct mapper_err *err)
+{
+  unsigned open;
+  int r;
+
+  open = atomic_load (&dev->open_count);
+  if (open > 0 && !force) {
+    mapper_err_set (err, "device '%s' is open by %u connection%s: "
+                    "disconnect them or use --force", dev->name, open,
+                    open == 1 ? "" : "s");
+    return -EBUSY;
+  }
+  if (open > 0) {
+    /* Connected clients get EIO from now on instead of reaching the
+     * backends of a device that no longer exists.
+     */
+    /* A device without a table gets a one-sector error table too, so
+     * requests its clients have waiting (flush) are released.
+     */
+    struct device_info info;
+    char text[64];
+    struct table *t;
+
+    device_get_info (dev, &info);
+    snprintf (text, sizeof text, "0 %" PRIu64 " error\n",
+              MAX (info.size >> MAPPER_SECTOR_SHIFT, (uint64_t) 1));
+    if ((r = table_parse (text, "<remove --force>", &t, err)) < 0)
+      return r;
+    if ((r = device_replace (dev, t, err)) < 0)
+      return r;
+  }
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+    if (dev->removed) {
+      mapper_err_set (err, "device '%s' is already removed", dev->name);
+      return -ENOENT;
+    }
+    /* Checked again under the lock: device_open counts under it too. */
+    if (!force && atomic_load (&dev->open_count) > 0) {
+      mapper_err_set (err, "device '%s' was opened meanwhile: "
+                      "disconnect it or use --force", dev->name);
+      return -EBUSY;
+    }
+    unregister_locked (dev);
+  }
+  /* Wake event waiters so they see the removal. */
+  pthread_mutex_lock (&dev->lock);
+  pthread_cond_broadcast (&dev->cond);
+  pthread_mutex_unlock (&dev->lock);
+  device_put (dev);
+  return 0;
+}
+
+int
+device_rename (struct device *dev, const char *newname,
+               struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+  char **names;
+  char *copy;
+  int r;
+
+  if ((r = device_check_name (newname, err)) < 0)
+    return r;
+  if (dev->removed) {
+    mapper_err_set (err, "device '%s' was removed", dev->name);
+    return -ENOENT;
+  }
+  if (lookup_locked (newname)) {
+    mapper_err_set (err, "device '%s' already exists", newname);
+    return -EEXIST;
+  }
+  names = realloc (dev->old_names, (dev->nr_old_names + 1) * sizeof *names);
+  if (names == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  dev->old_names = names;
+  copy = strdup (newname);
+  if (copy == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  /* Readers without the lock may still hold the old pointer. */
+  dev->old_names[dev->nr_old_names++] = dev->name;
+  dev->name = copy;
+  return 0;
+}
+
+void
+device_clear (struct device *dev)
+{
+  struct table *old;
+
+  pthread_mutex_lock (&dev->lock);
+  old = dev->inactive;
+  dev->inactive = NULL;
+  pthread_mutex_unlock (&dev->lock);
+  table_free (old);
+}
+
+/* The backends of old that new does not use: only their data needs an
+ * explicit flush at a swap.  Shared ones stay covered by the clients'
+ * own flushes, which go to the new table's backends (backends are
+ * shared objects, so pointer equality is identity).
+ */
+static int
+dropped_backends (const struct table *old, const struct table *new,
+                  backend_vector *out)
+{
+  if (old == NULL)
+    return 0;
+  for (size_t i = 0; i < old->backends.len; i++) {
+    bool kept = false;
+    for (size_t j = 0; j < new->backends.len && !kept; j++)
+      kept = old->backends.ptr[i] == new->backends.ptr[j];
+    if (!kept && backend_vector_append (out, old->backends.ptr[i]) == -1)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
+int
+device_replace (struct device *dev, struct table *t, struct mapper_err *err)
+{
+  struct table *old_live, *old_inactive;
+  backend_vector dropped = empty_vector;
+  struct timespec t0, t1;
+  int r;
+
+  pthread_mutex_lock (&dev->lock);
+  if ((r = dropped_backends (dev->live, t, &dropped)) < 0) {
+    pthread_mutex_unlock (&dev->lock);
+    mapper_err_set (err, "out of memory");
+    table_free (t);
+    return r;
+  }
+  /* Make what is written to the dropped backends so far durable before
+   * the window, so the flush that must follow the swap has little left
+   * to do.
+   */
+  if (dropped.len && !atomic_load (&dev->suspended)) {
+    r = io_flush_backends (dropped.ptr, dropped.len);
+    if (r < 0) {
+      pthread_mutex_unlock (&dev->lock);
+      mapper_err_set (err, "device '%s': flush before the swap failed: %s",
+                      dev->name, mapper_strerror (-r));
+      backend_vector_reset (&dropped);
+      table_free (t);
+      return r;
+    }
+  }
+  /* Suspended only for the drain. */
+  clock_gettime (CLOCK_MONOTONIC, &t0);
+  suspend_locked (dev, true);   /* noflush: cannot fail */
+  old_live = dev->live;
+  old_inactive = dev->inactive;
+  dev->live = t;
+  dev->inactive = NULL;
+  dev->event_nr++;
+  table_resume (t);             /* background work (mirror resync) */
+  atomic_store (&dev->suspended, false);
+  pthread_cond_broadcast (&dev->cond);
+  clock_gettime (CLOCK_MONOTONIC, &t1);
+  pthread_mutex_unlock (&dev->lock);
+  /* Writes that went to backends the new table no longer uses are
+   * durable before replace returns (the old table still holds them).
+   */
+  if (dropped.len &&
+      (r = io_flush_backends (dropped.ptr, dropped.len)) < 0 && mapper_debug)
+    mapper_debug ("device %s: replace: flushing dropped backends: %s",
+                  dev->name, mapper_strerror (-r));
+  backend_vector_reset (&dropped);
+  table_free (old_live);
+  table_free (old_inactive);
+  /* The suspended window, for bench/bench-reload (nbdkit -v). */
+  if (mapper_debug)
+    mapper_debug ("device %s: replace: suspended for %" PRIu64 " ns",
+                  dev->name, (uint64_t) ((t1.tv_sec - t0.tv_sec) * 1000000000LL
+                                         + (t1.tv_nsec - t0.tv_nsec)));
+  return 0;
+}
+
+/* --- control plane: inspection ---------------------------------------- */
+
+static char *
+slot_text (struct device *dev, bool inactive, enum status_type type, int *r)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  const struct table *t = inactive ? dev->inactive : dev->live;
+  size_t n;
+  char *buf;
+
+  if (t == NULL) {
+    buf = strdup ("");
+    goto out;
+  }
+  n = type == STATUSTYPE_TABLE ? table_format (t, NULL, 0)
+    : table_status (t, NULL, 0);
+  buf = malloc (n + 1);
+  if (buf) {
+    if (type == STATUSTYPE_TABLE)
+      table_format (t, buf, n + 1);
+    else
+      table_status (t, buf, n + 1);
+  }
+ out:
+  if (buf == NULL)
+    *r = -ENOMEM;
+  return buf;
+}
+
+char *
+device_table_text (struct device *dev, bool inactive, int *r)
+{
+  return slot_text (dev, inactive, STATUSTYPE_TABLE, r);
+}
+
+char *
+device_status_text (struct device *dev, int *r)
+{
+  return slot_text (dev, false, STATUSTYPE_INFO, r);
+}
+
+int
+device_message (struct device *dev, uint64_t sector, unsigned argc,
+                char **argv, char **reply, struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  struct target *ti;
+  char buf[4096] = "";
+  int r;
+
+  if (dev->live == NULL) {
+    mapper_err_set (err, "device '%s' has no live table", dev->name);
+    return -ENXIO;
+  }
+  if (sector >= dev->live->caps.size >> MAPPER_SECTOR_SHIFT) {
+    mapper_err_set (err, "sector %" PRIu64 " is beyond the end of device "
+                    "'%s' (%" PRIu64 " sectors)", sector, dev->name,
+                    dev->live->caps.size >> MAPPER_SECTOR_SHIFT);
+    return -EINVAL;
+  }
+  ti = &dev->live->targets[table_find_target (dev->live,
+                                              sector << MAPPER_SECTOR_SHIFT)];
+  if (ti->type->message == NULL) {
+    mapper_err_set (err, "target '%s' at sector %" PRIu64 " does not "
+                    "accept messages", ti->type->name,
+                    ti->begin >> MAPPER_SECTOR_SHIFT);
+    return -ENOTSUP;
+  }
+  r = ti->type->message (ti, argc, argv, buf, sizeof buf, err);
+  if (r < 0)
+    return r;
+  *reply = strdup (buf);
+  if (*reply == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+int
+device_wait_event (struct device *dev, uint64_t event_nr,
+                   int64_t timeout_ms, uint64_t *now,
+                   struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  struct timespec deadline;
+
+  if (timeout_ms >= 0) {
+    clock_gettime (CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (timeout_ms % 1000) * 1000000;
+    if (deadline.tv_nsec >= 1000000000) {
+      deadline.tv_sec++;
+      deadline.tv_nsec -= 1000000000;
+    }
+  }
+  while (dev->event_nr <= event_nr && !dev->removed) {
+    if (timeout_ms < 0)
+      pthread_cond_wait (&dev->cond, &dev->lock);
+    else if (pthread_cond_timedwait (&dev->cond, &dev->lock,
+                                     &deadline) == ETIMEDOUT) {
+      *now = dev->event_nr;
+      mapper_err_set (err, "device '%s': timed out waiting for an event "
+                      "after %" PRIu64 " (now %" PRIu64 ")", dev->name,
+                      event_nr, dev->event_nr);
+      return -ETIMEDOUT;
+    }
+  }
+  *now = dev->event_nr;
+  if (dev->event_nr <= event_nr) {
+    mapper_err_set (err, "device '%s' was removed", dev->name);
+    return -ENOENT;
+  }
+  return 0;
 }

@@ -111,6 +111,64 @@ size_t device_summary (struct device *dev, char *buf, size_t len);
 size_t device_status (struct device *dev, char *buf, size_t len);
 void device_open_count_add (struct device *dev, int delta);
 
+/* device.c: the control plane (lifetime, inspection, changes). */
+struct device_info {
+  bool suspended;
+  bool live, inactive;          /* table slots present */
+  unsigned open_count;
+  uint64_t event_nr;
+  size_t nr_targets;            /* of the live table */
+  uint64_t size;                /* of the live table, bytes */
+};
+/* A counted reference to the named device (NULL if none); release with
+ * device_put.  device_open_conn also counts an open connection, atomically
+ * with the lookup, so remove can't race with an open.
+ */
+struct device *device_get (const char *name);
+struct device *device_open_conn (const char *name);
+void device_close_conn (struct device *dev);
+void device_put (struct device *dev);
+/* Call fn on each device in creation order, under the registry lock
+ * (fn must not create/remove/rename devices).  Stops at fn's nonzero.
+ */
+int device_foreach (int (*fn) (struct device *dev, void *opaque),
+                    void *opaque);
+int device_set_uuid (struct device *dev, const char *uuid,
+                     struct mapper_err *err);
+/* Snapshot of the uuid (malloc'd, NULL if none). */
+char *device_uuid (struct device *dev);
+void device_get_info (struct device *dev, struct device_info *info);
+/* Remove from the registry.  -EBUSY while connections are open unless
+ * force, which first swaps in an error table of the same size.
+ */
+int device_remove (struct device *dev, bool force, struct mapper_err *err);
+int device_rename (struct device *dev, const char *newname,
+                   struct mapper_err *err);
+/* Drop the inactive table. */
+void device_clear (struct device *dev);
+/* load + suspend + resume in one step: suspended only for the drain. */
+int device_replace (struct device *dev, struct table *t,
+                    struct mapper_err *err);
+/* The live (or inactive) table in dmsetup format, or the per-target
+ * status (STATUSTYPE_INFO) lines; malloc'd, "" for an empty slot.
+ * NULL with -errno in *r on failure.
+ */
+char *device_table_text (struct device *dev, bool inactive, int *r);
+char *device_status_text (struct device *dev, int *r);
+/* Route a message to the live target containing sector. */
+int device_message (struct device *dev, uint64_t sector, unsigned argc,
+                    char **argv, char **reply, struct mapper_err *err);
+/* Wait until the event counter passes event_nr (or timeout_ms passes,
+ * -ETIMEDOUT; < 0 means forever).  *now: the counter on return.
+ */
+int device_wait_event (struct device *dev, uint64_t event_nr,
+                       int64_t timeout_ms, uint64_t *now,
+                       struct mapper_err *err);
+
+/* table.c: the target types built in. */
+size_t target_type_count (void);
+const char *target_type_info (size_t i, unsigned version[3]);
+
 /* io.c: the request path.  Return 0 or -errno. */
 int device_pread (struct device *dev, void *buf, uint32_t count,
                   uint64_t offset, uint32_t flags);

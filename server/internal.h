@@ -129,6 +129,18 @@ struct device {
   struct table *inactive;
   _Atomic unsigned open_count;
   uint64_t event_nr;
+
+  /* Lifetime: the registry holds one reference, each open connection and
+   * each control command using the device one more.  Freed at the last
+   * device_put.  uuid and removed are protected by devices_lock; names
+   * replaced by rename stay allocated (old_names) until the device is
+   * freed, so a name read without the lock stays valid.
+   */
+  _Atomic unsigned refs;
+  char *uuid;                   /* NULL: none */
+  bool removed;                 /* out of the registry (also under lock) */
+  char **old_names;
+  size_t nr_old_names;
 };
 /* Enter/exit the live table for a request (blocks while suspended). */
 struct table *device_enter (struct device *dev);

@@ -464,3 +464,18 @@ table_status (const struct table *t, char *buf, size_t len)
 {
   return table_print (t, STATUSTYPE_INFO, buf, len);
 }
+
+size_t
+target_type_count (void)
+{
+  return ARRAY_SIZE (target_types);
+}
+
+const char *
+target_type_info (size_t i, unsigned version[3])
+{
+  if (i >= ARRAY_SIZE (target_types))
+    return NULL;
+  memcpy (version, target_types[i]->version, 3 * sizeof (unsigned));
+  return target_types[i]->name;
+}

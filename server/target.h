@@ -65,6 +65,12 @@ struct target_type {
    * marks the leg failed), so the device's flush still succeeds.
    */
   bool (*flush_failed) (struct target *ti, struct backend *be);
+  /* Optional: handle "message SECTOR WORDS..." addressed to this target
+   * (dmsetup message); write any reply into reply/len (snprintf style).
+   * 0 or -errno with err filled.  NULL: the target takes no messages.
+   */
+  int (*message) (struct target *ti, unsigned argc, char **argv,
+                  char *reply, size_t len, struct mapper_err *err);
 };
 
 /* targets/ */

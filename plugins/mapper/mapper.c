@@ -19,6 +19,7 @@
 #include <nbdkit-plugin.h>
 
 #include "engine.h"
+#include "control.h"
 
 /* -D mapper.io=1: log how each request is split. */
 NBDKIT_DLL_PUBLIC int mapper_debug_io = 0;
@@ -94,18 +95,32 @@ add_table_dir (const char *dir)
     return -1;
   }
   closedir (dp);
-  qsort (table_files + first, nr_table_files - first, sizeof *table_files,
-         cmp_strings);
+  /* An empty DIR is fine (devices come from the control export), but
+   * table_files may still be NULL: qsort must not see it.
+   */
+  if (nr_table_files > first)
+    qsort (table_files + first, nr_table_files - first,
+           sizeof *table_files, cmp_strings);
   return 0;
 }
+
+static bool have_tables_dir;
 
 static int
 mapper_config (const char *key, const char *value)
 {
+  int r;
+
   if (strcmp (key, "table") == 0)
     return add_table_file (value);
-  if (strcmp (key, "tables") == 0)
+  if (strcmp (key, "tables") == 0) {
+    /* The last tables=DIR is where runtime changes are saved. */
+    have_tables_dir = true;
+    control_set_tables_dir (value);
     return add_table_dir (value);
+  }
+  if ((r = control_config (key, value)) != 0)
+    return r == 1 ? 0 : -1;
   nbdkit_error ("unknown parameter '%s'", key);
   return -1;
 }
@@ -159,6 +174,15 @@ load_device (const char *path, bool quiet)
     nbdkit_error ("%s: %s", path, err.msg);
     return -1;
   }
+  /* What the control export saved besides the table: the uuid, or that
+   * the device has no table (it then comes back suspended and empty).
+   */
+  if ((r = control_restore (dev, path)) != 0) {
+    if (r == 1)
+      return 0;
+    device_destroy (dev);
+    return -1;
+  }
   if ((r = table_parse_file (path, &t, &err)) < 0) {
     device_destroy (dev);
     if (quiet && r == -ENXIO)
@@ -188,22 +212,26 @@ mapper_config_complete (void)
   mapper_trace_io = mapper_debug_io != 0;
   mapper_flush_per_target = mapper_debug_flush_per_target != 0;
 
-  if (nr_table_files == 0) {
-    nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR");
+  if (nr_table_files == 0 && !have_tables_dir) {
+    nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR "
+                  "(which may start empty: devices are then created at "
+                  "run time with nbdmsetup)");
     return -1;
   }
+  if (control_config_complete () == -1)
+    return -1;
   /* A table may stack on the device of a later file ("mapper:NAME"):
    * load in passes, deferring such tables while a pass makes progress;
    * what is left (a missing device, a cycle) is then reported.
    */
   {
-    bool *done = calloc (nr_table_files, sizeof *done);
+    bool *done = calloc (nr_table_files ? nr_table_files : 1, sizeof *done);
     size_t left = nr_table_files;
     bool progress = true;
     int r = 0;
 
     if (done == NULL) {
-      nbdkit_error ("calloc: %m");
+      nbdkit_error ("calloc: %s", mapper_strerror (errno));
       return -1;
     }
     while (left > 0 && progress && r == 0) {
@@ -228,7 +256,8 @@ mapper_config_complete (void)
     if (r < 0)
       return -1;
   }
-  default_name = device_name_of (table_files[0]);
+  if (nr_table_files > 0)
+    default_name = device_name_of (table_files[0]);
   return 0;
 }
 
@@ -264,6 +293,7 @@ mapper_unload (void)
   for (size_t i = 0; i < nr_table_files; i++)
     free (table_files[i]);
   free (table_files);
+  control_unload ();
 }
 
 static void
@@ -284,44 +314,65 @@ mapper_dump_plugin (void)
   "[table=]FILE        A device table (repeatable); the device is named\n" \
   "                    after the file, without \".table\".  The first\n" \
   "                    one is also the default export.\n" \
-  "tables=DIR          Every *.table file in DIR is a device.\n" \
+  "tables=DIR          Every *.table file in DIR is a device; changes made\n" \
+  "                    through the control export are saved there.\n" \
   "In a table, mapper:NAME names another device of this server\n" \
-  "(stacking, in process, in any file order; no cycles)."
+  "(stacking, in process, in any file order; no cycles).\n" \
+  control_config_help
 
 /* --- exports and connections ----------------------------------------- */
+
+/* Under the registry lock: devices created or removed at run time
+ * appear in / vanish from the list at once.
+ */
+static int
+add_export (struct device *dev, void *exports)
+{
+  char desc[256];
+
+  device_summary (dev, desc, sizeof desc);
+  return nbdkit_add_export (exports, device_name (dev), desc) == -1 ? -1 : 0;
+}
 
 static int
 mapper_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
 {
-  char desc[256];
+  return device_foreach (add_export, exports) ? -1 : 0;
+}
 
-  for (size_t i = 0; ; i++) {
-    struct device *dev = device_nth (i);
-    if (dev == NULL)
-      break;
-    device_summary (dev, desc, sizeof desc);
-    if (nbdkit_add_export (exports, device_name (dev), desc) == -1)
-      return -1;
-  }
-  return 0;
+static int
+first_name (struct device *dev, void *out)
+{
+  *(const char **) out = nbdkit_strdup_intern (device_name (dev));
+  return 1;
 }
 
 static const char *
 mapper_default_export (int readonly, int is_tls)
 {
   /* The first table file's device, even if it was loaded after a device
-   * it stacks on.
+   * it stacks on; else the first device (devices come and go at run
+   * time through the control export).
    */
-  struct device *dev = default_name ? device_lookup (default_name) : NULL;
+  const char *name = NULL;
+  struct device *dev = default_name ? device_get (default_name) : NULL;
 
-  if (dev == NULL)
-    dev = device_nth (0);
+  if (dev) {
+    name = nbdkit_strdup_intern (device_name (dev));
+    device_put (dev);
+    return name;
+  }
 
-  return dev ? device_name (dev) : NULL;
+  device_foreach (first_name, &name);
+  return name;
 }
 
+/* A connection: to a device (holding a reference and an open count) or
+ * to the control export.  Read-only after open.
+ */
 struct handle {
-  struct device *dev;           /* read-only after open */
+  struct device *dev;
+  struct control_conn *ctl;
 };
 
 static void *
@@ -333,19 +384,32 @@ mapper_open (int readonly)
 
   if (name == NULL || *name == '\0')
     name = mapper_default_export (readonly, 0);
-  dev = name ? device_lookup (name) : NULL;
+  if (control_is_export (name)) {
+    h = calloc (1, sizeof *h);
+    if (h == NULL) {
+      nbdkit_error ("calloc: %s", mapper_strerror (errno));
+      return NULL;
+    }
+    h->ctl = control_open (readonly);
+    if (h->ctl == NULL) {
+      free (h);
+      return NULL;
+    }
+    return h;
+  }
+  dev = name ? device_open_conn (name) : NULL;
   if (dev == NULL) {
     nbdkit_error ("no such device: %s", name ? name : "(none)");
     errno = ENOENT;
     return NULL;
   }
-  h = malloc (sizeof *h);
+  h = calloc (1, sizeof *h);
   if (h == NULL) {
-    nbdkit_error ("malloc: %s", mapper_strerror (errno));
+    nbdkit_error ("calloc: %s", mapper_strerror (errno));
+    device_close_conn (dev);
     return NULL;
   }
   h->dev = dev;
-  device_open_count_add (dev, 1);
   return h;
 }
 
@@ -354,7 +418,10 @@ mapper_close (void *handle)
 {
   struct handle *h = handle;
 
-  device_open_count_add (h->dev, -1);
+  if (h->ctl)
+    control_close (h->ctl);
+  else
+    device_close_conn (h->dev);
   free (h);
 }
 
@@ -364,6 +431,9 @@ mapper_export_description (void *handle)
   struct handle *h = handle;
   char desc[256];
 
+  if (h->ctl)
+    return "nbdmapper control export: write a request at offset 0, "
+      "flush to execute it, read the response at 0 (see nbdmsetup(8))";
   device_summary (h->dev, desc, sizeof desc);
   return nbdkit_strdup_intern (desc);
 }
@@ -377,6 +447,15 @@ caps_of (void *handle)
   struct handle *h = handle;
   struct mapper_caps c = { 0 };
 
+  if (h->ctl) {
+    /* Written and flushed by one client at a time: no more. */
+    c.size = control_get_size (h->ctl);
+    c.can_write = c.can_flush = true;
+    c.block_min = 1;
+    c.block_pref = 4096;
+    c.block_max = 0xffffffff;
+    return c;
+  }
   device_get_caps (h->dev, &c);
   return c;
 }
@@ -451,6 +530,8 @@ mapper_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
   struct handle *h = handle;
+  if (h->ctl)
+    return control_pread (h->ctl, buf, count, offset);
   return result (device_pread (h->dev, buf, count, offset,
                                engine_flags (flags)));
 }
@@ -460,6 +541,8 @@ mapper_pwrite (void *handle, const void *buf, uint32_t count,
                uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
+  if (h->ctl)
+    return control_pwrite (h->ctl, buf, count, offset);
   return result (device_pwrite (h->dev, buf, count, offset,
                                 engine_flags (flags)));
 }
@@ -468,6 +551,8 @@ static int
 mapper_flush (void *handle, uint32_t flags)
 {
   struct handle *h = handle;
+  if (h->ctl)
+    return control_flush (h->ctl);
   return result (device_flush (h->dev, engine_flags (flags)));
 }
 

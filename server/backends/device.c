@@ -23,7 +23,7 @@
 
 struct device_backend {
   struct backend be;
-  struct device *dev;           /* read-only; held by the open count */
+  struct device *dev;           /* read-only; a counted reference + open */
 };
 
 #define DB(be) ((struct device_backend *) (be))
@@ -94,7 +94,7 @@ device_close (struct backend *be)
 {
   struct device_backend *d = DB (be);
 
-  device_open_count_add (d->dev, -1);
+  device_close_conn (d->dev);
   free (be->name);
   free (d);
 }
@@ -121,7 +121,10 @@ device_backend_open (const char *spec, struct backend **out,
                     DEVICE_BACKEND_PREFIX);
     return -EINVAL;
   }
-  dev = device_lookup (name);
+  /* Held like an NBD connection: a reference (the device outlives a
+   * forced remove while stacked on) and an open count (remove refuses).
+   */
+  dev = device_open_conn (name);
   if (dev == NULL) {
     mapper_err_set (err, "%s: no such device '%s' (not loaded: no table "
                     "for it, or tables stacking on each other in a cycle)",
@@ -132,11 +135,13 @@ device_backend_open (const char *spec, struct backend **out,
     mapper_err_set (err, "%s: device '%s' has no live table (not loaded "
                     "yet, or this is its own table: a device cannot stack "
                     "on itself)", spec, name);
+    device_close_conn (dev);
     return -ENXIO;
   }
   d = calloc (1, sizeof *d);
   if (d == NULL || (d->be.name = strdup (spec)) == NULL) {
     free (d);
+    device_close_conn (dev);
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }
@@ -146,7 +151,6 @@ device_backend_open (const char *spec, struct backend **out,
   /* The lower device honours FUA itself (natively or by flushing). */
   d->be.caps.can_flush = true;
   d->be.caps.can_fua = true;
-  device_open_count_add (dev, 1);
   *out = &d->be;
   return 0;
 }

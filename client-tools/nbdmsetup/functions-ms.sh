@@ -1,0 +1,70 @@
+# Sourced by the nbdmsetup tests: tests/functions.sh plus a daemonised
+# server on a Unix socket and helpers to run nbdmsetup.
+: "${top_srcdir:=$(cd "$(dirname "$0")/../.." && pwd)}"
+: "${top_builddir:=$top_srcdir}"
+source "$top_srcdir/tests/functions.sh"
+: "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
+export NBDMSETUP
+
+requires nbdkit --version
+requires test -x "$NBDMSETUP"
+
+sock=$tmpdir/sock
+export NBDMSETUP_URI="nbd+unix:///control?socket=$sock"
+unset NBDMSETUP_KEY
+
+# start_server ARGS...: nbdkit mapper in the background on $sock.
+start_server ()
+{
+    rm -f "$tmpdir/pid"
+    mapper -U "$sock" -P "$tmpdir/pid" "$@"
+    cleanup_fn "stop_server"
+}
+stop_server ()
+{
+    if [ -s "$tmpdir/pid" ]; then
+        local p
+        p=$(cat "$tmpdir/pid")
+        kill "$p" 2>/dev/null || :
+        # Wait for it to go (it holds the socket and the table files).
+        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        # nbdkit 1.32 with the ASan runtime preloaded can hang at exit.
+        kill -9 "$p" 2>/dev/null || :
+        rm -f "$tmpdir/pid"
+    fi
+    rm -f "$sock"
+}
+
+ms () { "$NBDMSETUP" "$@"; }
+
+# fails PATTERN CMD...: CMD must exit 1 with a "nbdmsetup: " message
+# matching PATTERN (grep -E).
+fails ()
+{
+    local pat=$1 rc=0
+    shift
+    "$@" > "$tmpdir/fails.out" 2> "$tmpdir/fails.err" || rc=$?
+    [ "$rc" -eq 1 ] || { cat "$tmpdir/fails.err"; die "$*: exit $rc, expected 1"; }
+    grep -q '^nbdmsetup: ' "$tmpdir/fails.err" ||
+        die "$*: no 'nbdmsetup:' message: $(cat "$tmpdir/fails.err")"
+    grep -Eq -- "$pat" "$tmpdir/fails.err" ||
+        die "$*: message '$(cat "$tmpdir/fails.err")' does not match /$pat/"
+    echo "refused as expected: $(cat "$tmpdir/fails.err")"
+}
+
+# mapper_timeout SECS NBDKIT-ARGS...: nbdkit (ASan-aware, like mapper) under
+# timeout, for servers expected to refuse to start: nbdkit 1.32 with the
+# ASan runtime preloaded may hang after a configuration error instead of
+# exiting.  Put the plugin ("$PLUGIN") yourself after the options.
+mapper_timeout ()
+{
+    local secs=$1
+    shift
+    if [ -n "$SANITIZER_LIBASAN" ]; then
+        timeout "$secs" env LD_PRELOAD="$SANITIZER_LIBASAN" \
+            ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
+            nbdkit "$@"
+    else
+        timeout "$secs" nbdkit "$@"
+    fi
+}

@@ -1,0 +1,619 @@
+/* nbdmsetup: dmsetup for nbdmapper, over NBD to the control export.
+ * A thin layer: parse arguments, connect, read the HELLO, send one
+ * request, print the response in dmsetup's format or as JSON.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <libnbd.h>
+#include <openssl/crypto.h>
+
+#include "proto.h"
+
+static const char *uri;
+static const char *key_file;
+static bool json;
+static uint32_t flags;
+static const char *uuid;
+static const char *table_text;  /* --table TEXT */
+static double timeout = -1;
+
+static void die (const char *fmt, ...)
+  __attribute__ ((format (printf, 1, 2), noreturn));
+static void
+die (const char *fmt, ...)
+{
+  va_list ap;
+
+  fputs ("nbdmsetup: ", stderr);
+  va_start (ap, fmt);
+  vfprintf (stderr, fmt, ap);
+  va_end (ap);
+  fputc ('\n', stderr);
+  exit (EXIT_FAILURE);
+}
+
+static void __attribute__ ((noreturn))
+usage (FILE *fp, int status)
+{
+  fprintf (fp,
+"Usage: nbdmsetup [-c URI] [-k KEYFILE] [--json] COMMAND [ARGS...]\n"
+"Drive the devices of an nbdmapper server (nbdkit mapper) like dmsetup.\n"
+"\n"
+"Commands:\n"
+"  version                          client and server versions\n"
+"  ls                               list devices\n"
+"  create NAME [--uuid U] [TABLE]   new device (no TABLE: suspended, empty)\n"
+"  load|reload NAME [TABLE]         fill the inactive table slot\n"
+"  clear NAME                       drop the inactive table\n"
+"  suspend [--noflush] NAME         hold new I/O, drain, flush\n"
+"  resume NAME                      make the inactive table live, release I/O\n"
+"  replace NAME [TABLE]             load + suspend + resume in one step\n"
+"  remove [--force] NAME            remove a device\n"
+"  rename OLD NEW                   rename a device\n"
+"  info [NAME]                      state, tables, counts (dmsetup info)\n"
+"  table [--inactive] [--showkeys] [NAME]\n"
+"  status [NAME]                    per-target status lines\n"
+"  message NAME SECTOR WORDS...     send a message to a target\n"
+"  targets                          target types and versions\n"
+"  wait NAME [EVENT_NR] [--timeout S]\n"
+"\n"
+"TABLE is a file, or - for standard input (the default for load and\n"
+"replace), or --table 'TEXT'.\n"
+"\n"
+"Options:\n"
+"  -c, --connect URI   the control export (default $NBDMSETUP_URI), e.g.\n"
+"                      nbd+unix:///control?socket=/run/nbdmapper.sock\n"
+"  -k, --key FILE      HMAC key file (default $NBDMSETUP_KEY)\n"
+"  -j, --json          JSON output for read commands\n"
+"  -h, --help          this help\n"
+"  -V, --version       print the version\n");
+  exit (status);
+}
+
+/* --- connection -------------------------------------------------------- */
+
+struct conn {
+  struct nbd_handle *nbd;
+  uint8_t nonce[PROTO_NONCE_LEN];
+  uint8_t *key;
+  size_t keylen;
+};
+
+static void
+nbd_die (const char *what)
+{
+  die ("%s: %s", what, nbd_get_error ());
+}
+
+/* Read the response at offset 0; returns the malloc'd whole message. */
+static uint8_t *
+read_response (struct conn *c, uint16_t *status, uint32_t *total)
+{
+  uint8_t hdr[PROTO_RSP_HDR];
+  char errmsg[256];
+  uint64_t seq;
+  uint8_t *msg;
+
+  if (nbd_pread (c->nbd, hdr, sizeof hdr, 0, 0) == -1)
+    nbd_die ("reading the response");
+  if (proto_decode_response_header (hdr, sizeof hdr, status, &seq, total,
+                                    errmsg, sizeof errmsg) == -1)
+    die ("%s: %s", uri, errmsg);
+  msg = malloc (*total + 1);
+  if (msg == NULL)
+    die ("out of memory");
+  if (nbd_pread (c->nbd, msg, *total, 0, 0) == -1)
+    nbd_die ("reading the response");
+  msg[*total] = '\0';
+  return msg;
+}
+
+static void
+connect_control (struct conn *c)
+{
+  uint16_t status;
+  uint32_t total;
+  uint8_t *hello;
+  char errmsg[256];
+
+  c->nbd = nbd_create ();
+  if (c->nbd == NULL)
+    nbd_die ("nbd_create");
+  /* nbds:// URIs may name a tls-psk-file. */
+  if (nbd_set_uri_allow_local_file (c->nbd, true) == -1)
+    nbd_die ("nbd_set_uri_allow_local_file");
+  if (nbd_connect_uri (c->nbd, uri) == -1)
+    die ("%s: %s", uri, nbd_get_error ());
+  if (nbd_get_size (c->nbd) < PROTO_RSP_HDR)
+    die ("%s: not an nbdmapper control export (too small)", uri);
+
+  /* Read before writing anything: a device export is never written. */
+  hello = read_response (c, &status, &total);
+  if (status != PROTO_OK || total != PROTO_RSP_HDR + 1 + PROTO_NONCE_LEN)
+    die ("%s: not an nbdmapper control export (no HELLO at offset 0)", uri);
+  memcpy (c->nonce, hello + PROTO_RSP_HDR + 1, PROTO_NONCE_LEN);
+  if ((hello[PROTO_RSP_HDR] & PROTO_HELLO_KEY_REQUIRED) && key_file == NULL)
+    die ("%s: the server requires a key: use --key FILE or $NBDMSETUP_KEY",
+         uri);
+  free (hello);
+  if (key_file &&
+      proto_read_key (key_file, &c->key, &c->keylen, errmsg,
+                      sizeof errmsg) == -1)
+    die ("%s", errmsg);
+}
+
+/* Send one request; return the response payload (malloc'd, NUL-ended).
+ * A server-side error is printed and exits 1.
+ */
+static char *
+call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
+{
+  static uint64_t seq;
+  char errmsg[256];
+  uint8_t *msg, *rsp;
+  size_t len;
+  uint16_t status;
+  uint32_t total;
+  char *payload;
+
+  if (proto_encode_request (cmd, flags, ++seq, nargs, args, c->key,
+                            c->keylen, c->nonce, &msg, &len,
+                            errmsg, sizeof errmsg) == -1)
+    die ("%s: %s", proto_cmd_name (cmd), errmsg);
+  if (nbd_pwrite (c->nbd, msg, len, 0, 0) == -1)
+    nbd_die ("sending the request");
+  free (msg);
+  if (nbd_flush (c->nbd, 0) == -1)
+    nbd_die ("executing the request");
+  rsp = read_response (c, &status, &total);
+  payload = strdup ((char *) rsp + PROTO_RSP_HDR);
+  free (rsp);
+  if (payload == NULL)
+    die ("out of memory");
+  if (status != PROTO_OK)
+    die ("%s", *payload ? payload : proto_status_name (status));
+  return payload;
+}
+
+static void
+disconnect (struct conn *c)
+{
+  nbd_shutdown (c->nbd, 0);
+  nbd_close (c->nbd);
+  if (c->key)
+    OPENSSL_cleanse (c->key, c->keylen);
+  free (c->key);
+}
+
+/* --- output helpers ---------------------------------------------------- */
+
+static void
+json_string (const char *s)
+{
+  putchar ('"');
+  for (; *s; s++) {
+    unsigned char ch = *s;
+    if (ch == '"' || ch == '\\')
+      printf ("\\%c", ch);
+    else if (ch < 0x20)
+      printf ("\\u%04x", ch);
+    else
+      putchar (ch);
+  }
+  putchar ('"');
+}
+
+/* Split payload into lines of tab-separated fields (in place). */
+#define MAX_FIELDS 16
+struct row {
+  char *f[MAX_FIELDS];
+  int n;
+};
+
+static size_t
+split_rows (char *payload, struct row **rows)
+{
+  size_t n = 0, cap = 0;
+  char *line, *save = NULL;
+
+  *rows = NULL;
+  for (line = strtok_r (payload, "\n", &save); line;
+       line = strtok_r (NULL, "\n", &save)) {
+    struct row r = { .n = 0 };
+    char *p = line;
+    while (r.n < MAX_FIELDS) {
+      r.f[r.n++] = p;
+      /* The last field of table/status lines may hold tabs: keep them. */
+      p = strchr (p, '\t');
+      if (p == NULL)
+        break;
+      *p++ = '\0';
+    }
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      *rows = realloc (*rows, cap * sizeof **rows);
+      if (*rows == NULL)
+        die ("out of memory");
+    }
+    (*rows)[n++] = r;
+  }
+  return n;
+}
+
+/* --- commands ---------------------------------------------------------- */
+
+/* TABLE from a file, "-" (stdin), or --table. */
+static char *
+read_table (const char *arg)
+{
+  FILE *fp, *mem;
+  char *buf = NULL;
+  size_t len = 0;
+  int ch;
+
+  if (table_text) {
+    buf = strdup (table_text);
+    if (buf == NULL)
+      die ("out of memory");
+    return buf;
+  }
+  if (arg == NULL || strcmp (arg, "-") == 0)
+    fp = stdin;
+  else if ((fp = fopen (arg, "r")) == NULL)
+    die ("%s: %s", arg, strerror (errno));
+  mem = open_memstream (&buf, &len);
+  if (mem == NULL)
+    die ("out of memory");
+  while ((ch = getc (fp)) != EOF)
+    putc (ch, mem);
+  if (ferror (fp))
+    die ("%s: read error", arg ? arg : "stdin");
+  if (fp != stdin)
+    fclose (fp);
+  fclose (mem);
+  return buf;
+}
+
+static void
+print_version (struct conn *c)
+{
+  char *p = call (c, PROTO_CMD_VERSION, 0, NULL);
+  struct row *rows;
+  size_t n = split_rows (p, &rows);
+  const char *server = n && rows[0].n >= 1 ? rows[0].f[0] : "?";
+  const char *proto = n && rows[0].n >= 2 ? rows[0].f[1] : "?";
+
+  if (json) {
+    printf ("{\"client\": ");
+    json_string (PACKAGE_VERSION);
+    printf (", \"server\": ");
+    json_string (server);
+    printf (", \"protocol\": %s}\n", proto);
+  }
+  else {
+    printf ("Client version:    %s\n", PACKAGE_VERSION);
+    printf ("Server version:    %s\n", server);
+    printf ("Protocol version:  %s\n", proto);
+  }
+  free (rows);
+  free (p);
+}
+
+static void
+print_ls (char *p)
+{
+  struct row *rows;
+  size_t n = split_rows (p, &rows);
+
+  if (json) {
+    printf ("{\"devices\": [");
+    for (size_t i = 0; i < n; i++) {
+      if (rows[i].n < 3)
+        die ("ls: malformed response");
+      printf ("%s{\"name\": ", i ? ", " : "");
+      json_string (rows[i].f[0]);
+      printf (", \"size\": %s, \"state\": ", rows[i].f[1]);
+      json_string (rows[i].f[2]);
+      putchar ('}');
+    }
+    printf ("]}\n");
+  }
+  else if (n == 0)
+    printf ("No devices found\n");
+  else
+    for (size_t i = 0; i < n; i++)
+      printf ("%s\n", rows[i].f[0]);
+  free (rows);
+}
+
+static const char *
+tables_present (const char *live, const char *inactive)
+{
+  bool l = strcmp (live, "1") == 0, i = strcmp (inactive, "1") == 0;
+  return l && i ? "LIVE & INACTIVE" : l ? "LIVE" : i ? "INACTIVE" : "None";
+}
+
+static void
+print_info (char *p)
+{
+  struct row *rows;
+  size_t n = split_rows (p, &rows);
+
+  if (json)
+    printf ("{\"devices\": [");
+  for (size_t i = 0; i < n; i++) {
+    char **f = rows[i].f;
+    if (rows[i].n < 9)
+      die ("info: malformed response");
+    if (json) {
+      printf ("%s{\"name\": ", i ? ", " : "");
+      json_string (f[0]);
+      printf (", \"state\": \"%s\", \"live_table\": %s, "
+              "\"inactive_table\": %s, \"open_count\": %s, "
+              "\"event_nr\": %s, \"targets\": %s, \"uuid\": ",
+              strcmp (f[1], "SUSPENDED") == 0 ? "SUSPENDED" : "ACTIVE",
+              strcmp (f[2], "1") == 0 ? "true" : "false",
+              strcmp (f[3], "1") == 0 ? "true" : "false",
+              f[4], f[5], f[6]);
+      if (*f[7])
+        json_string (f[7]);
+      else
+        printf ("null");
+      printf (", \"size\": %s}", f[8]);
+      continue;
+    }
+    if (i)
+      putchar ('\n');
+    printf ("Name:              %s\n", f[0]);
+    printf ("State:             %s\n", f[1]);
+    printf ("Tables present:    %s\n", tables_present (f[2], f[3]));
+    printf ("Open count:        %s\n", f[4]);
+    printf ("Event number:      %s\n", f[5]);
+    printf ("Number of targets: %s\n", f[6]);
+    if (*f[7])
+      printf ("UUID: %s\n", f[7]);
+  }
+  if (json)
+    printf ("]}\n");
+  else if (n == 0)
+    printf ("No devices found\n");
+  free (rows);
+}
+
+/* table/status: rows of "name\tline"; one device prints bare lines,
+ * several print "name: line" as dmsetup does.
+ */
+static void
+print_lines (char *p, bool one, const char *key)
+{
+  struct row *rows;
+  size_t n = split_rows (p, &rows);
+
+  if (json) {
+    const char *prev = NULL;
+    printf ("{\"devices\": [");
+    for (size_t i = 0; i < n; i++) {
+      bool first_line = prev == NULL || strcmp (prev, rows[i].f[0]) != 0;
+      if (first_line) {
+        if (prev)
+          printf ("]}, ");
+        printf ("{\"name\": ");
+        json_string (rows[i].f[0]);
+        printf (", \"%s\": [", key);
+      }
+      if (rows[i].n > 1 && *rows[i].f[1]) {
+        if (!first_line)
+          printf (", ");
+        json_string (rows[i].f[1]);
+      }
+      prev = rows[i].f[0];
+    }
+    if (prev)
+      printf ("]}");
+    printf ("]}\n");
+  }
+  else {
+    for (size_t i = 0; i < n; i++) {
+      const char *line = rows[i].n > 1 ? rows[i].f[1] : "";
+      if (one) {
+        if (*line)
+          printf ("%s\n", line);
+      }
+      else
+        printf ("%s: %s\n", rows[i].f[0], line);
+    }
+    if (!one && n == 0)
+      printf ("No devices found\n");
+  }
+  free (rows);
+}
+
+static void
+print_targets (char *p)
+{
+  struct row *rows;
+  size_t n = split_rows (p, &rows);
+
+  if (json)
+    printf ("{\"targets\": [");
+  for (size_t i = 0; i < n; i++) {
+    if (rows[i].n < 2)
+      die ("targets: malformed response");
+    if (json) {
+      printf ("%s{\"name\": ", i ? ", " : "");
+      json_string (rows[i].f[0]);
+      printf (", \"version\": ");
+      json_string (rows[i].f[1]);
+      putchar ('}');
+    }
+    else
+      printf ("%-16s v%s\n", rows[i].f[0], rows[i].f[1]);
+  }
+  if (json)
+    printf ("]}\n");
+  free (rows);
+}
+
+static void
+need (int argc, int min, int max, const char *cmd)
+{
+  if (argc < min || argc > max)
+    die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
+}
+
+int
+main (int argc, char *argv[])
+{
+  enum { OPT_NOFLUSH = 256, OPT_FORCE, OPT_INACTIVE, OPT_SHOWKEYS, OPT_UUID,
+         OPT_TABLE, OPT_TIMEOUT };
+  static const struct option long_opts[] = {
+    { "connect", required_argument, NULL, 'c' },
+    { "key", required_argument, NULL, 'k' },
+    { "json", no_argument, NULL, 'j' },
+    { "help", no_argument, NULL, 'h' },
+    { "version", no_argument, NULL, 'V' },
+    { "noflush", no_argument, NULL, OPT_NOFLUSH },
+    { "force", no_argument, NULL, OPT_FORCE },
+    { "inactive", no_argument, NULL, OPT_INACTIVE },
+    { "showkeys", no_argument, NULL, OPT_SHOWKEYS },
+    { "uuid", required_argument, NULL, OPT_UUID },
+    { "table", required_argument, NULL, OPT_TABLE },
+    { "timeout", required_argument, NULL, OPT_TIMEOUT },
+    { NULL },
+  };
+  struct conn c = { NULL };
+  const char *cmd;
+  char *p = NULL, *end;
+  int opt;
+
+  uri = getenv ("NBDMSETUP_URI");
+  key_file = getenv ("NBDMSETUP_KEY");
+  if (key_file && *key_file == '\0')
+    key_file = NULL;
+  while ((opt = getopt_long (argc, argv, "c:k:jhV", long_opts, NULL)) != -1) {
+    switch (opt) {
+    case 'c': uri = optarg; break;
+    case 'k': key_file = optarg; break;
+    case 'j': json = true; break;
+    case 'h': usage (stdout, EXIT_SUCCESS);
+    case 'V': printf ("nbdmsetup %s\n", PACKAGE_VERSION); exit (EXIT_SUCCESS);
+    case OPT_NOFLUSH: flags |= PROTO_F_NOFLUSH; break;
+    case OPT_FORCE: flags |= PROTO_F_FORCE; break;
+    case OPT_INACTIVE: flags |= PROTO_F_INACTIVE; break;
+    case OPT_SHOWKEYS: flags |= PROTO_F_SHOWKEYS; break;
+    case OPT_UUID: uuid = optarg; break;
+    case OPT_TABLE: table_text = optarg; break;
+    case OPT_TIMEOUT:
+      errno = 0;
+      timeout = strtod (optarg, &end);
+      if (errno || *end || end == optarg || !(timeout >= 0) ||
+          timeout > 86400 * 365)
+        die ("--timeout: '%s' is not a number of seconds", optarg);
+      break;
+    default: usage (stderr, EXIT_FAILURE);
+    }
+  }
+  argv += optind;
+  argc -= optind;
+  if (argc < 1)
+    die ("no command (see nbdmsetup --help)");
+  cmd = *argv++;
+  argc--;
+  if (uri == NULL)
+    die ("no control export: use --connect URI or $NBDMSETUP_URI");
+
+  /* Check the arguments before connecting. */
+  static const struct { const char *name; unsigned code; int min, max; }
+  cmds[] = {
+    { "version", PROTO_CMD_VERSION, 0, 0 }, { "ls", PROTO_CMD_LIST, 0, 0 },
+    { "create", PROTO_CMD_CREATE, 1, 2 }, { "load", PROTO_CMD_LOAD, 1, 2 },
+    { "reload", PROTO_CMD_LOAD, 1, 2 }, { "clear", PROTO_CMD_CLEAR, 1, 1 },
+    { "suspend", PROTO_CMD_SUSPEND, 1, 1 },
+    { "resume", PROTO_CMD_RESUME, 1, 1 },
+    { "replace", PROTO_CMD_REPLACE, 1, 2 },
+    { "remove", PROTO_CMD_REMOVE, 1, 1 },
+    { "rename", PROTO_CMD_RENAME, 2, 2 }, { "info", PROTO_CMD_INFO, 0, 1 },
+    { "table", PROTO_CMD_TABLE, 0, 1 }, { "status", PROTO_CMD_STATUS, 0, 1 },
+    { "message", PROTO_CMD_MESSAGE, 3, PROTO_MAX_ARGS - 2 },
+    { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
+  };
+  unsigned code = 0;
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    if (strcmp (cmd, cmds[i].name) == 0) {
+      code = cmds[i].code;
+      need (argc, cmds[i].min, cmds[i].max, cmd);
+    }
+  if (code == 0)
+    die ("unknown command '%s' (see nbdmsetup --help)", cmd);
+
+  connect_control (&c);
+  switch (code) {
+  case PROTO_CMD_VERSION:
+    print_version (&c);
+    break;
+  case PROTO_CMD_LIST:
+    p = call (&c, code, 0, NULL);
+    print_ls (p);
+    break;
+  case PROTO_CMD_INFO:
+    p = call (&c, code, argc, (const char *const *) argv);
+    print_info (p);
+    break;
+  case PROTO_CMD_TABLE: case PROTO_CMD_STATUS:
+    p = call (&c, code, argc, (const char *const *) argv);
+    print_lines (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status");
+    break;
+  case PROTO_CMD_TARGETS:
+    p = call (&c, code, 0, NULL);
+    print_targets (p);
+    break;
+  case PROTO_CMD_CREATE: {
+    char *t = NULL;
+    const char *args[3] = { argv[0], uuid ? uuid : "", NULL };
+    if (argc == 2 || table_text)
+      t = read_table (argc == 2 ? argv[1] : NULL);
+    args[2] = t;
+    p = call (&c, code, t ? 3 : 2, args);
+    free (t);
+    break;
+  }
+  case PROTO_CMD_LOAD: case PROTO_CMD_REPLACE: {
+    char *t = read_table (argc == 2 ? argv[1] : NULL);
+    const char *args[2] = { argv[0], t };
+    p = call (&c, code, 2, args);
+    free (t);
+    break;
+  }
+  case PROTO_CMD_WAIT: {
+    char ms[32] = "";
+    const char *args[3] = { argv[0], argc == 2 ? argv[1] : "", ms };
+    if (timeout >= 0)
+      snprintf (ms, sizeof ms, "%lld", (long long) (timeout * 1000));
+    p = call (&c, code, timeout >= 0 ? 3 : 2, args);
+    if (json)
+      printf ("{\"event_nr\": %s}\n", strtok (p, "\n") ? p : "0");
+    break;
+  }
+  case PROTO_CMD_MESSAGE:
+    p = call (&c, code, argc, (const char *const *) argv);
+    if (*p)
+      printf ("%s%s", p, p[strlen (p) - 1] == '\n' ? "" : "\n");
+    break;
+  default:
+    p = call (&c, code, argc, (const char *const *) argv);
+    break;
+  }
+  free (p);
+  disconnect (&c);
+  return EXIT_SUCCESS;
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# tables=DIR: create/replace/resume/rename/remove are saved atomically; a
+# restarted server comes back with the same devices and tables; a device
+# created without a table comes back suspended and empty; a read-only DIR
+# is reported at start.
+source "$(dirname "$0")/functions-ms.sh"
+requires nbdsh --version
+
+a=$(mkfile a.img 1M)
+dir=$tmpdir/tables
+mkdir "$dir"
+echo "0 2048 linear $a 0" > "$dir/base.table"
+start_server tables="$dir"
+
+ms create c1 --table "0 100 linear $a 0"
+ms create c2 --table "0 8 zero" --uuid U2
+ms create empty1
+ms replace base --table "0 1000 linear $a 0
+1000 1048 linear $a 1000"
+ms create l1 --table "0 10 zero"
+ms load l1 --table "0 20 zero"
+ms resume l1
+ms load c1 --table "0 50 zero"   # inactive only: not saved
+ms rename c2 c3
+ms create gone --table "0 8 zero"
+ms remove gone
+ls -a "$dir"
+[ ! -e "$dir/gone.table" ] || die "removed device still saved"
+[ -z "$(ls -a "$dir" | grep '\.tmp$')" ] || die "temporary files left"
+
+ms table > "$tmpdir/before"
+ms ls > "$tmpdir/ls.before"
+stop_server
+start_server tables="$dir"
+ms table > "$tmpdir/after"
+diff -u "$tmpdir/before" "$tmpdir/after" || die "tables differ after restart"
+[ "$(ms ls | sort)" = "$(sort "$tmpdir/ls.before")" ] || die "devices differ"
+ms info empty1 | grep -q '^State:             SUSPENDED$' || die "empty1 state"
+ms info empty1 | grep -q '^Tables present:    None$' || die "empty1 tables"
+[ "$(ms table l1)" = "0 20 zero" ] || die "resumed table not saved"
+ms info c3 | grep -q '^UUID: U2$' || die "uuid not saved across rename+restart"
+head -1 "$dir/empty1.table" | grep -qx '# nbdmapper-no-table' || die "empty1 file"
+[ "$(ms table c1)" = "0 100 linear $a 0" ] || die "inactive table was saved"
+stop_server
+
+# A read-only DIR is refused at start (not at the first change).  Root
+# can write anywhere, so the server runs as nobody for this check.
+if setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
+    mkdir "$tmpdir/ro"
+    echo "0 8 zero" > "$tmpdir/ro/r.table"
+    chmod 755 "$tmpdir" "$tmpdir/ro"; chmod 644 "$tmpdir/ro/r.table"
+    rc=0
+    setpriv --reuid=65534 --regid=65534 --clear-groups \
+        env ${SANITIZER_LIBASAN:+LD_PRELOAD=$SANITIZER_LIBASAN} \
+        timeout 30 nbdkit -U - --run true "$PLUGIN" tables="$tmpdir/ro" \
+        > "$tmpdir/ro.out" 2>&1 || rc=$?
+    chmod 700 "$tmpdir"
+    cat "$tmpdir/ro.out"
+    [ "$rc" -ne 0 ] || die "read-only tables dir accepted"
+    grep -q "tables=$tmpdir/ro: not writable" "$tmpdir/ro.out" ||
+        die "read-only dir message"
+fi
+echo "$0: ok"
