@@ -191,6 +191,11 @@ suspend_locked (struct device *dev, bool noflush)
   if (atomic_load (&dev->suspended))
     return 0;
   atomic_store (&dev->suspended, true);
+  /* Targets holding I/O back (delay) let it go now, so the drain below
+   * does not wait for it.
+   */
+  if (dev->live)
+    table_presuspend (dev->live);
   while (atomic_load (&dev->inflight) != 0)
     pthread_cond_wait (&dev->cond, &dev->lock);
   if (!noflush && dev->live)
@@ -238,6 +243,7 @@ device_resume (struct device *dev, struct mapper_err *err)
     mapper_err_set (err, "device '%s' has no table to resume", dev->name);
     return -ENXIO;
   }
+  table_resume (dev->live);
   atomic_store (&dev->suspended, false);
   pthread_cond_broadcast (&dev->cond);
   pthread_mutex_unlock (&dev->lock);

@@ -264,8 +264,10 @@ table_parse (const char *text, const char *origin, struct table **out,
     r = -ENOMEM;
     goto err;
   }
-  for (size_t i = 0; i < t->nr_targets; i++)
+  for (size_t i = 0; i < t->nr_targets; i++) {
     t->ends[i] = t->targets[i].begin + t->targets[i].len;
+    t->nr_flush_hooks += t->targets[i].type->flush != NULL;
+  }
   table_merge_caps (t);
   string_vector_reset (&words);
   *out = t;
@@ -325,9 +327,13 @@ table_parse_file (const char *path, struct table **out,
   }
   if (memchr (text, '\0', size) != NULL) {
     mapper_err_set (err, "%s: table contains a NUL byte", path);
-    return -EINVAL;
+    r = -EINVAL;
   }
-  return table_parse (text, path, out, err);
+  else
+    r = table_parse (text, path, out, err);
+  /* The text may hold keys (crypt): don't leave them in freed memory. */
+  explicit_bzero (text, size);
+  return r;
 }
 
 size_t
@@ -344,6 +350,37 @@ table_find_target (const struct table *t, uint64_t off)
       lo = mid + 1;
   }
   return lo;
+}
+
+void
+table_presuspend (struct table *t)
+{
+  for (size_t i = 0; i < t->nr_targets; i++)
+    if (t->targets[i].type->presuspend)
+      t->targets[i].type->presuspend (&t->targets[i]);
+}
+
+void
+table_resume (struct table *t)
+{
+  for (size_t i = 0; i < t->nr_targets; i++)
+    if (t->targets[i].type->resume)
+      t->targets[i].type->resume (&t->targets[i]);
+}
+
+/* Called for each device flush of a table with nr_flush_hooks > 0. */
+int
+table_flush_hooks (struct table *t, uint32_t flags)
+{
+  struct io_req req;
+  int r = 0;
+
+  io_req_init (&req, IO_FLUSH, flags);
+  for (size_t i = 0; i < t->nr_targets && r == 0; i++)
+    if (t->targets[i].type->flush)
+      r = t->targets[i].type->flush (&t->targets[i], &req);
+  io_req_release (&req);
+  return r;
 }
 
 const struct mapper_caps *

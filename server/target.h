@@ -53,6 +53,25 @@ struct target_type {
                            int (*fn) (struct target *ti, struct backend *be,
                                       void *data),
                            void *data);
+
+  /* Optional hooks for targets that hold I/O back or fail it by state
+   * (delay, flakey).  Flushes never pass through map(): a device flush
+   * goes once to each distinct backend of the table (flush.c), so a
+   * target that must delay or fail flushes says so in flush(), called
+   * for every device flush before the backends are flushed; it may wait,
+   * and an error fails the flush.  req is the flush's own request (no
+   * clones), for per-request state such as its start time.
+   */
+  int (*flush) (struct target *ti, struct io_req *req);
+  /* A suspend is starting (new requests are already held at the gate):
+   * release any I/O being held back now, instead of letting the drain
+   * wait for it (dm's presuspend).
+   */
+  void (*presuspend) (struct target *ti);
+  /* The table is live (again) after a resume.  May be called more than
+   * once.
+   */
+  void (*resume) (struct target *ti);
 };
 
 /* targets/ */
