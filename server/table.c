@@ -16,6 +16,7 @@
 
 static const struct target_type *const target_types[] = {
   &linear_target, &striped_target, &zero_target, &error_target,
+  &delay_target,
 };
 
 static const struct target_type *

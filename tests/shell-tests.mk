@@ -14,4 +14,5 @@ SHELL_TESTS = \
 	test-blockdev.sh \
 	test-qemu.sh \
 	test-fio.sh \
-	test-ext4.sh
+	test-ext4.sh \
+	test-delay.sh
