@@ -15,4 +15,6 @@ SHELL_TESTS = \
 	test-qemu.sh \
 	test-fio.sh \
 	test-ext4.sh \
-	test-delay.sh
+	test-delay.sh \
+	test-flakey.sh \
+	test-flakey-ext4.sh
