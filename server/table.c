@@ -16,7 +16,7 @@
 
 static const struct target_type *const target_types[] = {
   &linear_target, &striped_target, &zero_target, &error_target,
-  &delay_target, &flakey_target,
+  &delay_target, &flakey_target, &crypt_target,
 };
 
 static const struct target_type *

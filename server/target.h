@@ -81,6 +81,7 @@ extern const struct target_type zero_target;
 extern const struct target_type error_target;
 extern const struct target_type delay_target;
 extern const struct target_type flakey_target;
+extern const struct target_type crypt_target;
 
 /* table.c: for constructors.  Open (or share) the backend named by spec,
  * check that [start, start+len) bytes lies inside it, and register it in

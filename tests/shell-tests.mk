@@ -17,4 +17,5 @@ SHELL_TESTS = \
 	test-ext4.sh \
 	test-delay.sh \
 	test-flakey.sh \
-	test-flakey-ext4.sh
+	test-flakey-ext4.sh \
+	test-crypt.sh
