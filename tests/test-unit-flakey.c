@@ -413,6 +413,23 @@ test_corrupt (void)
   check_a (9 * S, S, copy);
   device_destroy (dev);
 
+  /* Byte 700: in the middle, at the very end, or beyond a short write. */
+  dev = flakey_dev ("0 5 5 corrupt_bio_byte 700 w 9 0");
+  unit_fill (want, 3 * S, 21, 0);
+  memcpy (copy, want, 3 * S);
+  CHECK (device_pwrite (dev, want, 3 * S, 0, 0) == 0);
+  copy[699] = 9;
+  check_a (8 * S, 3 * S, copy);
+  unit_fill (want, 700, 22, 0);
+  memcpy (copy, want, 700);
+  CHECK (device_pwrite (dev, want, 700, 10 * S, 0) == 0);
+  copy[699] = 9;
+  check_a (18 * S, 700, copy);
+  unit_fill (want, 699, 23, 0);
+  CHECK (device_pwrite (dev, want, 699, 20 * S, 0) == 0);
+  check_a (28 * S, 699, want);
+  device_destroy (dev);
+
   /* REQ_OP_WRITE (1) in the mask of a read corruption never matches. */
   dev = flakey_dev ("0 5 5 corrupt_bio_byte 1 r 0 1");
   CHECK (device_pread (dev, buf, S, 0, 0) == 0);

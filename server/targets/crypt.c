@@ -515,7 +515,7 @@ crypt_convert (struct crypt *cc, int enc, uint64_t toff, const char *in,
   for (uint64_t done = 0; done < len; done += cc->sector_size) {
     int outl;
 
-    crypt_iv (cc, toff + done, iv);
+    crypt_iv (cc, toff + done, iv);       /* not secret */
     if (EVP_CipherInit_ex2 (ctx, NULL, NULL, iv, enc, NULL) != 1 ||
         EVP_CipherUpdate (ctx, (unsigned char *) out + done, &outl,
                           (const unsigned char *) in + done,
@@ -525,7 +525,6 @@ crypt_convert (struct crypt *cc, int enc, uint64_t toff, const char *in,
     }
   }
  out:
-  OPENSSL_cleanse (iv, sizeof iv);
   if (s)
     crypt_slot_put (s);
   EVP_CIPHER_CTX_free (tmp);

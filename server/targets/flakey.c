@@ -10,8 +10,8 @@
  *   error_writes       writes (and zero, trim, flush) fail with EIO
  *   corrupt_bio_byte <Nth> <r|w> <value> <flags>
  *                      byte Nth (from 1) of each matching read's data
- *                      (after reading) or write's data (before writing,
- *                      in a bounce copy: the client's buffer is const) is
+ *                      (after reading) or write's data (sent from a
+ *                      constant: the client's buffer is const) is
  *                      replaced by value.  flags is a mask of Linux bi_opf
  *                      bits the request must all carry: 0 matches every
  *                      request; we know REQ_OP_WRITE (1) and REQ_FUA
@@ -302,23 +302,38 @@ flakey_read_corrupt (struct flakey *fc, uint64_t off, uint64_t len,
   return r;
 }
 
-/* Write a corrupted copy (the client's buffer is const). */
+/* Every byte value, for corrupted writes (backends only read it). */
+static const unsigned char byte_value[256] = {
+#define B4(n) (n), (n) + 1, (n) + 2, (n) + 3
+#define B16(n) B4 (n), B4 ((n) + 4), B4 ((n) + 8), B4 ((n) + 12)
+#define B64(n) B16 (n), B16 ((n) + 16), B16 ((n) + 32), B16 ((n) + 48)
+  B64 (0), B64 (64), B64 (128), B64 (192)
+#undef B64
+#undef B16
+#undef B4
+};
+
+/* The client's buffer is const, and copying it all for one byte would be
+ * a waste: send the bytes before the corrupt one, the corrupt byte from
+ * a constant, and the bytes after, as three clones of the request.
+ */
 static int
 flakey_write_corrupt (struct flakey *fc, struct io_req *req, uint64_t off,
-                      uint64_t len, const char *buf)
+                      uint64_t len, char *buf)
 {
-  char *b;
+  uint64_t n = fc->corrupt_byte - 1;
   int r;
 
-  if (fc->corrupt_byte > len)
-    return io_emit (req, fc->be, fc->start + off, len, (char *) buf);
-  b = bounce_get (len);
-  if (b == NULL)
-    return -ENOMEM;
-  memcpy (b, buf, len);
-  b[fc->corrupt_byte - 1] = fc->corrupt_value;
-  r = io_sync (IO_WRITE, fc->be, fc->start + off, len, b, req->flags);
-  bounce_put (b);
+  if (n >= len)
+    return io_emit (req, fc->be, fc->start + off, len, buf);
+  if (n > 0 &&
+      (r = io_emit (req, fc->be, fc->start + off, n, buf)) < 0)
+    return r;
+  r = io_emit (req, fc->be, fc->start + off + n, 1,
+               (char *) &byte_value[fc->corrupt_value]);
+  if (r == 0 && n + 1 < len)
+    r = io_emit (req, fc->be, fc->start + off + n + 1, len - n - 1,
+                 buf + n + 1);
   return r;
 }
 
