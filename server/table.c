@@ -206,11 +206,30 @@ parse_line (struct table *t, uint64_t expect, string_vector *w,
   return r;
 }
 
+/* A copy of table text, wiped before it is freed: it may hold keys
+ * (crypt) on lines that were never parsed.
+ */
+struct text_copy {
+  char *p;
+  size_t len;
+};
+
+static void
+text_copy_free (struct text_copy *c)
+{
+  if (c->p) {
+    explicit_bzero (c->p, c->len);
+    free (c->p);
+  }
+}
+
 int
 table_parse (const char *text, const char *origin, struct table **out,
              struct mapper_err *err)
 {
-  CLEANUP_FREE char *copy = strdup (text);
+  __attribute__ ((cleanup (text_copy_free)))
+    struct text_copy copy_ = { strdup (text), strlen (text) };
+  char *copy = copy_.p;
   string_vector words = empty_vector;
   target_vector targets = empty_vector;
   struct table *t;
