@@ -213,8 +213,9 @@ io_sync (enum io_op op, struct backend *be, uint64_t offset, uint64_t len,
       mapper_log_io_req ("  sub-request", &req, offset, len);
     r = io_req_run (&req);
   }
-  if (r == 0 && (flags & MAPPER_FUA) && op != IO_READ)
-    r = io_emulate_fua (&req);
+  /* FUA on a backend without it: flush that backend (see device_io). */
+  if (r == 0 && (flags & MAPPER_FUA) && op != IO_READ && !be->caps.can_fua)
+    r = io_flush_backends (&be, 1);
   io_req_release (&req);
   return r;
 }
