@@ -5,7 +5,8 @@
 # nbdcopy across two delay targets; nbdinfo shows the table's size.
 # No timing is asserted (that is a benchmark's job): only that delayed
 # I/O completes with the right data in the right place.  Holding I/O back
-# and releasing it on suspend is tested in test-unit-delay.
+# and releasing it on suspend is tested in test-unit-delay, and here too
+# through nbdmsetup when it is built.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -61,5 +62,40 @@ mapper -U - "$tmpdir/d3.table" --run '
     nbdcopy "$uri" "'"$tmpdir"'/out.img"' || die "nbdcopy through delay"
 cmp "$tmpdir/in.img" "$tmpdir/out.img" || die "data read back differs"
 cmp "$tmpdir/in.img" "$w" || die "write device differs from what was written"
+
+# With the control plane: a read held by an hour's delay shows in status,
+# and "nbdmsetup suspend" releases it at once (a "timeout" turns a hang
+# into a failure; nothing is timed); after resume, reads are held again.
+: "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
+if [ -x "$NBDMSETUP" ]; then
+    sock=$tmpdir/sock
+    echo "0 2048 delay $r 0 3600000" > "$tmpdir/held.table"
+    mapper -U "$sock" -P "$tmpdir/pid" "$tmpdir/held.table"
+    cleanup_fn 'kill $(cat "$tmpdir/pid") 2>/dev/null'
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+    ms () { timeout 60 "$NBDMSETUP" -c "nbd+unix:///control?socket=$sock" "$@"; }
+    held_read ()
+    {
+        nbdsh -u "nbd+unix:///held?socket=$sock" \
+            -c 'assert h.pread(512, 512) == open("'"$r"'", "rb").read()[512:1024]' \
+            -c 'print("read done")' > "$tmpdir/reader.out" 2>&1 &
+        rpid=$!
+        for _ in $(seq 600); do
+            ms status held | grep -q "delay 1 0 0" && break
+            sleep 0.1
+        done
+        ms status held | grep -q "delay 1 0 0" || die "the read is not held"
+        kill -0 "$rpid" || die "the held read finished"
+        ms suspend held || die "suspend"
+        timeout 60 tail --pid="$rpid" -f /dev/null || die "suspend did not release the read"
+        wait "$rpid" || { cat "$tmpdir/reader.out"; die "the released read failed"; }
+        grep -q "read done" "$tmpdir/reader.out" || die "no read"
+        ms status held | grep -q "delay 0 0 0" || die "status after release"
+        ms resume held || die "resume"
+        echo "a held read was released by suspend"
+    }
+    held_read
+    held_read               # held again after resume
+fi
 
 echo "$0: ok"
