@@ -2,7 +2,7 @@
 # The delay target through real clients: reads come from the read device,
 # writes (and zero) land on the write device, flushes complete, with small
 # delays on every class; the 3-argument form round-trips data with
-# nbdcopy across two delay targets; nbdinfo shows the table's size.
+# nbdcopy across two delay targets; the size is the table's.
 # No timing is asserted (that is a benchmark's job): only that delayed
 # I/O completes with the right data in the right place.  Holding I/O back
 # and releasing it on suspend is tested in test-unit-delay, and here too
