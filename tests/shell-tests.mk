@@ -18,4 +18,8 @@ SHELL_TESTS = \
 	test-mirror.sh \
 	test-mirror-remote.sh \
 	test-stacking.sh \
-	test-flush-dedup.sh
+	test-flush-dedup.sh \
+	test-delay.sh \
+	test-flakey.sh \
+	test-flakey-ext4.sh \
+	test-crypt.sh
