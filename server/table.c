@@ -524,6 +524,7 @@ target_type_info (size_t i, unsigned version[3])
 {
   if (i >= ARRAY_SIZE (target_types))
     return NULL;
-  memcpy (version, target_types[i]->version, 3 * sizeof (unsigned));
+  if (version)
+    memcpy (version, target_types[i]->version, 3 * sizeof (unsigned));
   return target_types[i]->name;
 }
