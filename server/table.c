@@ -62,6 +62,17 @@ number_error (int r)
 }
 
 int
+target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
+                    struct mapper_err *err)
+{
+  if (argc != 0) {
+    mapper_err_set (err, "takes no arguments, got %u", argc);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+int
 target_get_backend (struct target *ti, const char *spec, uint64_t start,
                     uint64_t len, struct backend **out,
                     struct mapper_err *err)

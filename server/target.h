@@ -105,6 +105,10 @@ int target_get_backend (struct target *ti, const char *spec,
                         uint64_t start, uint64_t len,
                         struct backend **out, struct mapper_err *err);
 
+/* table.c: the constructor of targets that take no arguments. */
+int target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
+                        struct mapper_err *err);
+
 /* util: strict number parsing for constructors ("%llu%c" style). */
 int parse_u64 (const char *s, uint64_t *out);
 int parse_sectors (const char *s, uint64_t *bytes);  /* sectors -> bytes */
