@@ -31,6 +31,21 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
     mapper_err_set (err, "empty device path");
     return -EINVAL;
   }
+  if (nbd_backend_is_uri (spec)) {
+    /* Remote: the same normalised URI is the same backend. */
+    if ((r = nbd_backend_normalize (spec, &key, err)) < 0)
+      return r;
+    for (be = registry; be; be = be->next)
+      if (strcmp (be->key, key) == 0) {
+        be->refs++;
+        *out = be;
+        return 0;
+      }
+    r = nbd_backend_open (key, &be, err);
+    if (r < 0)
+      return r;
+    goto add;
+  }
   /* Local files are the same backend when they are the same inode, by
    * whatever path (symlink, hard link, another device node).
    */
@@ -54,6 +69,7 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
   r = file_backend_open (spec, canonical, &st, &be, err);
   if (r < 0)
     return r;
+ add:
   be->key = key;
   key = NULL;
   backend_flush_init (be);

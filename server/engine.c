@@ -27,13 +27,16 @@ mapper_version (void)
 int
 engine_start (struct mapper_err *err)
 {
-  /* Nothing runs in the background yet: local backends complete inline. */
-  return 0;
+  /* The I/O loop owning remote connections (an idle thread until a
+   * table names a remote backend).
+   */
+  return ioloop_start (err);
 }
 
 void
 engine_stop (void)
 {
+  ioloop_stop ();
 }
 
 void

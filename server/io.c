@@ -116,11 +116,6 @@ clone_done (struct clone *c, int error)
 {
   struct io_req *req = c->req;
 
-  if (error) {
-    int expected = 0;
-    assert (error < 0);
-    atomic_compare_exchange_strong (&req->error, &expected, error);
-  }
   switch (c->op) {
   case IO_WRITE: case IO_ZERO: case IO_TRIM:
     if (error || !(c->flags & MAPPER_FUA))
@@ -128,10 +123,15 @@ clone_done (struct clone *c, int error)
     break;
   case IO_FLUSH:
     if (c->seq)
-      flush_end (c->be, c->seq, error);
+      error = flush_end (c->be, c->seq, error);
     break;
   case IO_READ:
     break;
+  }
+  if (error) {
+    int expected = 0;
+    assert (error < 0);
+    atomic_compare_exchange_strong (&req->error, &expected, error);
   }
   /* After the decrement req may be gone (the waiter returns as soon as it
    * sees 0); the wake on its address is then at worst spurious.
@@ -146,10 +146,24 @@ io_req_run (struct io_req *req)
 {
   int v;
 
+  /* Remote clones first: queued to the I/O loop as one batch with one
+   * wake-up, they are under way while the local ones complete inline.
+   */
+  ioloop_batch_begin ();
   for (size_t i = 0; i < req->nr; i++) {
     struct clone *c = &req->clones[i];
-    atomic_fetch_add (&req->pending, 1);
-    c->be->ops->submit (c->be, c);
+    if (c->be->ops->start) {
+      atomic_fetch_add (&req->pending, 1);
+      c->be->ops->submit (c->be, c);
+    }
+  }
+  ioloop_batch_end ();
+  for (size_t i = 0; i < req->nr; i++) {
+    struct clone *c = &req->clones[i];
+    if (!c->be->ops->start) {
+      atomic_fetch_add (&req->pending, 1);
+      c->be->ops->submit (c->be, c);
+    }
   }
   if (atomic_fetch_sub (&req->pending, 1) != 1)
     while ((v = atomic_load (&req->pending)) != 0)

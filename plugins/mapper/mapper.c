@@ -92,13 +92,41 @@ add_table_dir (const char *dir)
   return 0;
 }
 
+/* remote-connections=N, remote-timeout=SECONDS: N in [1, max]. */
+static int
+parse_remote (const char *key, const char *value, unsigned max,
+              unsigned *out)
+{
+  if (nbdkit_parse_unsigned (key, value, out) == -1)
+    return -1;
+  if (*out < 1 || *out > max) {
+    nbdkit_error ("%s=%s: must be between 1 and %u", key, value, max);
+    return -1;
+  }
+  return 0;
+}
+
 static int
 mapper_config (const char *key, const char *value)
 {
+  unsigned n;
+
   if (strcmp (key, "table") == 0)
     return add_table_file (value);
   if (strcmp (key, "tables") == 0)
     return add_table_dir (value);
+  if (strcmp (key, "remote-connections") == 0) {
+    if (parse_remote (key, value, 64, &n) == -1)
+      return -1;
+    engine_set_remote (n, 0);
+    return 0;
+  }
+  if (strcmp (key, "remote-timeout") == 0) {
+    if (parse_remote (key, value, 86400, &n) == -1)
+      return -1;
+    engine_set_remote (0, n);
+    return 0;
+  }
   nbdkit_error ("unknown parameter '%s'", key);
   return -1;
 }
@@ -219,6 +247,7 @@ mapper_dump_plugin (void)
   printf ("libev_version=%d.%d\n", ev_version_major (), ev_version_minor ());
   printf ("openssl_version=%s\n", OpenSSL_version (OPENSSL_VERSION));
   printf ("mapper_targets=linear striped zero error\n");
+  printf ("mapper_backends=file nbd nbds nbd+unix nbds+unix\n");
   if (nbd)
     nbd_close (nbd);
 }
@@ -227,7 +256,12 @@ mapper_dump_plugin (void)
   "[table=]FILE        A device table (repeatable); the device is named\n" \
   "                    after the file, without \".table\".  The first\n" \
   "                    one is also the default export.\n" \
-  "tables=DIR          Every *.table file in DIR is a device."
+  "tables=DIR          Every *.table file in DIR is a device.\n" \
+  "remote-connections=N  Connections per remote (NBD URI) backend when\n" \
+  "                    the server allows multi-conn (default 4).\n" \
+  "remote-timeout=SECONDS  A remote request not done by then (retries\n" \
+  "                    after reconnecting included) fails with EIO\n" \
+  "                    (default 30)."
 
 /* --- exports and connections ----------------------------------------- */
 
@@ -442,7 +476,8 @@ static struct nbdkit_plugin plugin = {
   .longname           = "nbdmapper: device-mapper for the network",
   .version            = PACKAGE_VERSION,
   .description        = "Serves named block devices defined by dm-style "
-                        "tables over local files and block devices.",
+                        "tables over local files, block devices and "
+                        "remote NBD servers.",
   .magic_config_key   = "table",
   .config             = mapper_config,
   .config_help        = mapper_config_help,
