@@ -14,4 +14,10 @@ SHELL_TESTS = \
 	test-blockdev.sh \
 	test-qemu.sh \
 	test-fio.sh \
-	test-ext4.sh
+	test-ext4.sh \
+	test-remote-basic.sh \
+	test-remote-striped.sh \
+	test-remote-reconnect.sh \
+	test-remote-timeout.sh \
+	test-remote-tls.sh \
+	test-remote-caps.sh

@@ -1260,11 +1260,14 @@ nbd_backend_normalize (const char *spec, char **out, struct mapper_err *err)
     goto oom;
   fprintf (fp, "%s://", scheme);
   if (is_unix) {
-    if (auth_end != auth) {
+    /* Only a user name (for TLS): "nbds+unix://alice@/?socket=..." */
+    const char *at = memchr (auth, '@', auth_end - auth);
+    if (auth_end != (at ? at + 1 : auth)) {
       mapper_err_set (err, "%s: %s URI takes no host (use ?socket=PATH)",
                       spec, scheme);
       goto out;
     }
+    fwrite (auth, 1, auth_end - auth, fp);
   }
   else {
     const char *host = memchr (auth, '@', auth_end - auth);
