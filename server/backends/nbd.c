@@ -49,6 +49,9 @@ static unsigned opt_timeout = 30;
 #define MAX_PAYLOAD (32u << 20) /* split reads/writes above this */
 #define MAX_NOPAYLOAD (1u << 30) /* and zero/trim above this */
 #define ZERO_BUF (4u << 20)     /* zeros written when the server can't zero */
+#ifndef SPILL
+#define SPILL 32                /* commands on a connection before the next */
+#endif
 
 struct nbd_backend;
 struct nbd_conn;
@@ -415,7 +418,11 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
     conn_update_io (conn);
 }
 
-/* The up connection with the fewest commands, or NULL. */
+/* The first up connection with fewer than SPILL commands issued, else
+ * the least busy one, else NULL.  Filling one connection before the next
+ * keeps the batches per socket (and per server wake-up) large; the
+ * others take the overflow of deep queues.
+ */
 static struct nbd_conn *
 pick_conn (struct nbd_backend *nb)
 {
@@ -423,8 +430,11 @@ pick_conn (struct nbd_backend *nb)
 
   for (unsigned i = 0; i < nb->nr_conns; i++) {
     struct nbd_conn *conn = &nb->conns[i];
-    if (conn->state == CONN_UP &&
-        (best == NULL || conn->inflight.len < best->inflight.len))
+    if (conn->state != CONN_UP)
+      continue;
+    if (conn->inflight.len < SPILL)
+      return conn;
+    if (best == NULL || conn->inflight.len < best->inflight.len)
       best = conn;
   }
   return best;
