@@ -88,6 +88,7 @@ struct nbd_conn {
   ev_io io;                     /* h's fd, events from nbd_aio_get_direction */
   ev_timer timer;               /* down: back-off; connecting: deadline */
   double backoff;
+  bool lost;                    /* a command saw the connection go */
   struct cmd_list inflight;
 };
 
@@ -257,9 +258,13 @@ part_done (void *opaque, int *error)
     cmd->lost = true;
   else if (*error && cmd->error == 0)
     cmd->error = map_errno (*error);
-  if (--cmd->parts == 0 && !cmd->lost) {
-    list_remove (&cmd->conn->inflight, cmd);
-    cmd_complete (cmd, cmd->error);
+  if (--cmd->parts == 0) {
+    if (!cmd->lost) {
+      list_remove (&cmd->conn->inflight, cmd);
+      cmd_complete (cmd, cmd->error);
+    }
+    else                        /* e.g. ESHUTDOWN: the server is going */
+      cmd->conn->lost = true;
   }
   return 1;
 }
@@ -611,6 +616,7 @@ conn_drop (struct nbd_conn *conn, const char *why)
        conn->h && nbd_get_error () ? nbd_get_error () : "");
   ev_io_stop (l, &conn->io);
   close_handle (conn, false);
+  conn->lost = false;
   if (was_up) {
     nb->nr_losses++;
     backend_writes_lost (&nb->be);
@@ -661,7 +667,7 @@ conn_up (struct nbd_conn *conn)
 static void
 conn_check (struct nbd_conn *conn)
 {
-  if (conn_dead (conn))
+  if (conn_dead (conn) || conn->lost)
     conn_drop (conn, conn->state == CONN_UP ? "connection lost"
                : "connect failed");
   else if (conn->state == CONN_CONNECTING && nbd_aio_is_ready (conn->h))
@@ -1011,6 +1017,7 @@ nbd_close_op (struct backend *be)
   }
   LOG ("%s: closed", nb->uri);
   free (nb->conns);
+  free (nb->be.name);
   free (nb->uri);
   free (nb);
 }
@@ -1350,7 +1357,8 @@ nbd_backend_normalize (const char *spec, char **out, struct mapper_err *err)
     mapper_err_set (err, "%s: %s URI needs ?socket=PATH", spec, scheme);
     goto out;
   }
-  qsort (params.ptr, params.len, sizeof *params.ptr, cmp_params);
+  if (params.len > 1)
+    qsort (params.ptr, params.len, sizeof *params.ptr, cmp_params);
   for (size_t i = 0; i < params.len; i++)
     fprintf (fp, "%c%s", i == 0 ? '?' : '&', params.ptr[i]);
   if (fclose (fp) == EOF) {
