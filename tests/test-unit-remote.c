@@ -138,12 +138,18 @@ main (void)
   if (system (cmd) != 0)
     UNIT_FATAL ("%s failed", cmd);
   free (cmd);
-  {
+  /* The daemon writes its pid file after system() has returned. */
+  for (int i = 0; i < 100 && server <= 0; i++) {
     size_t n;
     char *p = unit_read_file (pidf, &n);
-    server = p ? atoi (p) : 0;
+    if (p && n > 0 && p[n - 1] == '\n')
+      server = atoi (p);
     free (p);
+    if (server <= 0)
+      usleep (100000);
   }
+  if (server <= 0)
+    UNIT_FATAL ("%s: no pid", pidf);
   atexit (stop_server);
   test_io (sock);
   stop_server ();
