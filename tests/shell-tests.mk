@@ -22,4 +22,10 @@ SHELL_TESTS = \
 	test-delay.sh \
 	test-flakey.sh \
 	test-flakey-ext4.sh \
-	test-crypt.sh
+	test-crypt.sh \
+	test-remote-basic.sh \
+	test-remote-striped.sh \
+	test-remote-reconnect.sh \
+	test-remote-timeout.sh \
+	test-remote-tls.sh \
+	test-remote-caps.sh
