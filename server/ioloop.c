@@ -154,7 +154,7 @@ ioloop_start (struct mapper_err *err)
   r = pthread_create (&thread, NULL, loop_thread, NULL);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (r != 0) {
-    mapper_err_set (err, "I/O loop: pthread_create: %s", strerror (r));
+    mapper_err_set (err, "I/O loop: pthread_create: %s", mapper_strerror (r));
     ev_loop_destroy (loop);
     loop = NULL;
     return -r;
