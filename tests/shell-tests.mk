@@ -28,4 +28,5 @@ SHELL_TESTS = \
 	test-remote-reconnect.sh \
 	test-remote-timeout.sh \
 	test-remote-tls.sh \
-	test-remote-caps.sh
+	test-remote-caps.sh \
+	test-remote-flush.sh
