@@ -61,7 +61,7 @@ mapper_timeout ()
     local secs=$1
     shift
     if [ -n "$SANITIZER_LIBASAN" ]; then
-        timeout "$secs" env LD_PRELOAD="$SANITIZER_LIBASAN" \
+        timeout -k 5 "$secs" env LD_PRELOAD="$SANITIZER_LIBASAN" \
             ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
             nbdkit "$@"
     else

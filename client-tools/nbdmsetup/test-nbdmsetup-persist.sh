@@ -52,7 +52,7 @@ if setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
     rc=0
     setpriv --reuid=65534 --regid=65534 --clear-groups \
         env ${SANITIZER_LIBASAN:+LD_PRELOAD=$SANITIZER_LIBASAN} \
-        timeout 30 nbdkit -U - --run true "$PLUGIN" tables="$tmpdir/ro" \
+        timeout -k 5 30 nbdkit -U - --run true "$PLUGIN" tables="$tmpdir/ro" \
         > "$tmpdir/ro.out" 2>&1 || rc=$?
     chmod 700 "$tmpdir"
     cat "$tmpdir/ro.out"
