@@ -18,4 +18,5 @@ SHELL_TESTS = \
 	test-mirror.sh \
 	test-mirror-remote.sh \
 	test-stacking.sh \
-	test-flush-dedup.sh
+	test-flush-dedup.sh \
+	test-list-exports-limit.sh
