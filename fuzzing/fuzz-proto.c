@@ -4,7 +4,7 @@
  *   clang -g -O1 -fsanitize=fuzzer,address -DWITH_LIBFUZZER -I.. -I../proto \
  *     fuzz-proto.c ../proto/proto.c -lcrypto -o fuzz-proto
  *   ./fuzz-proto corpus-proto
- * Without it (make check) it replays the files named on the command line.
+ * Without it (make check), replay.c replays the files named on the command line.
  * Checks: no crash, every refusal has a message, and an accepted request
  * re-encodes to the same bytes (the decoder accepts only what the
  * encoder produces).
@@ -61,30 +61,3 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
                                 errmsg, sizeof errmsg);
   return 0;
 }
-
-#ifndef WITH_LIBFUZZER
-int
-main (int argc, char *argv[])
-{
-  for (int i = 1; i < argc; i++) {
-    FILE *fp = fopen (argv[i], "rb");
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *mem;
-    int c;
-
-    if (fp == NULL) {
-      perror (argv[i]);
-      return 1;
-    }
-    mem = open_memstream (&buf, &len);
-    while ((c = getc (fp)) != EOF)
-      putc (c, mem);
-    fclose (mem);
-    fclose (fp);
-    LLVMFuzzerTestOneInput ((const uint8_t *) buf, len);
-    free (buf);
-  }
-  return 0;
-}
-#endif

@@ -4,7 +4,7 @@
  *   clang -g -O1 -fsanitize=fuzzer,address -DWITH_LIBFUZZER \
  *     -I../server -I.. fuzz-table.c ../server/.libs/libmapper.a -o fuzz
  *   ./fuzz corpus-table
- * Without it (make check), it replays every file given on the command line
+ * Without it (make check), replay.c replays every file given on the command line
  * so the corpus stays a regression test.
  */
 #include <config.h>
@@ -42,30 +42,3 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   free (text);
   return 0;
 }
-
-#ifndef WITH_LIBFUZZER
-int
-main (int argc, char *argv[])
-{
-  for (int i = 1; i < argc; i++) {
-    FILE *fp = fopen (argv[i], "rb");
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *mem;
-    int c;
-
-    if (fp == NULL) {
-      perror (argv[i]);
-      return 1;
-    }
-    mem = open_memstream (&buf, &len);
-    while ((c = getc (fp)) != EOF)
-      putc (c, mem);
-    fclose (mem);
-    fclose (fp);
-    LLVMFuzzerTestOneInput ((const uint8_t *) buf, len);
-    free (buf);
-  }
-  return 0;
-}
-#endif

@@ -350,6 +350,11 @@ suspend_locked (struct device *dev, bool noflush)
   if (atomic_load (&dev->suspended))
     return 0;
   atomic_store (&dev->suspended, true);
+  /* Targets holding I/O back (delay) let it go now, so the drain below
+   * does not wait for it.
+   */
+  if (dev->live)
+    table_presuspend (dev->live);
   while (atomic_load (&dev->inflight) != 0)
     pthread_cond_wait (&dev->cond, &dev->lock);
   /* Background work (mirror resync) stops too: nothing writes the

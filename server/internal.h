@@ -64,6 +64,7 @@ struct io_req {
   struct clone *_Atomic retry;
   struct clone *clones;
   size_t nr, cap;
+  uint64_t start_ns;            /* io_req_start_ns(), 0 until asked */
   struct clone inline_clones[IO_INLINE_CLONES];
 };
 
@@ -81,6 +82,27 @@ void io_req_init (struct io_req *req, enum io_op op, uint32_t flags);
 struct clone *io_req_new_clone (struct io_req *req);
 int io_req_run (struct io_req *req);
 void io_req_release (struct io_req *req);
+/* For targets that must see or change data on its way (crypt, flakey's
+ * corruption): one synchronous sub-request to be, issued and waited for
+ * inside map(), so buf may be a bounce buffer reused as soon as this
+ * returns.  flags: MAPPER_FUA (emulated where not native).  0 or -errno.
+ */
+int io_sync (enum io_op op, struct backend *be, uint64_t offset,
+             uint64_t len, char *buf, uint32_t flags);
+/* CLOCK_MONOTONIC nanoseconds when the request first asked: delay
+ * targets measure from it, so the pieces of one request delayed by
+ * several targets wait for the longest delay, not the sum.
+ */
+uint64_t io_req_start_ns (struct io_req *req);
+
+/* bounce.c: per-thread scratch buffers for transformed data (the
+ * client's write buffer is const).  bounce_get returns at least len
+ * bytes (4096-aligned), valid until the matching bounce_put; calls nest
+ * (a stacked device may transform inside a transform).  NULL if out of
+ * memory.
+ */
+char *bounce_get (size_t len);
+void bounce_put (char *buf);
 
 /* flush.c */
 /* Make every write completed on bes[0..n) so far durable: at most one
@@ -103,13 +125,16 @@ struct table {
   size_t nr_targets;
   backend_vector backends;      /* distinct, each referenced once */
   struct mapper_caps caps;
-  bool flush_hooks;             /* some target has flush_failed */
+  bool has_flush_failed;        /* some target has flush_failed() */
+  size_t nr_flush_hooks;        /* targets with a flush() hook */
 };
 /* Index of the target containing byte offset off (< caps.size). */
 size_t table_find_target (const struct table *t, uint64_t off);
-/* Tell the targets their table became live / stopped being live. */
+/* The targets' suspend/resume/flush hooks (target.h), in table order. */
+void table_presuspend (struct table *t);
 void table_resume (struct table *t);
 void table_postsuspend (struct table *t);
+int table_flush_hooks (struct table *t, uint32_t flags);
 
 /* device.c */
 struct device {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -33,6 +34,19 @@ io_req_init (struct io_req *req, enum io_op op, uint32_t flags)
   req->clones = req->inline_clones;
   req->nr = 0;
   req->cap = IO_INLINE_CLONES;
+  req->start_ns = 0;
+}
+
+uint64_t
+io_req_start_ns (struct io_req *req)
+{
+  if (req->start_ns == 0) {
+    struct timespec ts;
+
+    clock_gettime (CLOCK_MONOTONIC, &ts);
+    req->start_ns = (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec + 1;
+  }
+  return req->start_ns;
 }
 
 void
@@ -260,7 +274,7 @@ io_flush_table (struct table *t, struct backend *const *bes, size_t n)
   bool found = false;
   int r;
 
-  if (!t->flush_hooks)
+  if (!t->has_flush_failed)
     return io_flush_backends (bes, n);
   if (n > ARRAY_SIZE (inline_errs) &&
       (errs = malloc (n * sizeof *errs)) == NULL)
@@ -315,6 +329,27 @@ io_emulate_fua (struct table *t, const struct io_req *req)
     bes[n++] = be;
   }
   return n ? io_flush_table (t, bes, n) : 0;
+}
+
+int
+io_sync (enum io_op op, struct backend *be, uint64_t offset, uint64_t len,
+         char *buf, uint32_t flags)
+{
+  struct io_req req;
+  int r;
+
+  io_req_init (&req, op, flags & MAPPER_FUA);
+  r = io_emit (&req, be, offset, len, buf);
+  if (r == 0) {
+    if (mapper_trace_io && mapper_debug)
+      mapper_log_io_req ("  sub-request", &req, offset, len);
+    r = io_req_run (&req);
+  }
+  /* FUA on a backend without it: flush that backend (see device_io). */
+  if (r == 0 && (flags & MAPPER_FUA) && op != IO_READ && !be->caps.can_fua)
+    r = io_flush_backends (&be, 1);
+  io_req_release (&req);
+  return r;
 }
 
 static int
@@ -436,13 +471,18 @@ int
 device_flush (struct device *dev, uint32_t flags)
 {
   struct table *t = device_enter (dev);
-  int r;
+  int r = 0;
 
-  if (mapper_flush_per_target)
-    r = flush_per_target (t);
-  else
-    /* Once per distinct backend, never once per target. */
-    r = io_flush_table (t, t->backends.ptr, t->backends.len);
+  /* Targets that delay or fail flushes (delay, flakey) first. */
+  if (t->nr_flush_hooks)
+    r = table_flush_hooks (t, flags);
+  if (r == 0) {
+    if (mapper_flush_per_target)
+      r = flush_per_target (t);
+    else
+      /* Once per distinct backend, never once per target. */
+      r = io_flush_table (t, t->backends.ptr, t->backends.len);
+  }
   if (mapper_trace_io && mapper_debug)
     mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->backends.len,
                   t->backends.len == 1 ? "" : "s");

@@ -16,7 +16,7 @@
 
 static const struct target_type *const target_types[] = {
   &linear_target, &striped_target, &zero_target, &error_target,
-  &mirror_target,
+  &mirror_target, &delay_target, &flakey_target, &crypt_target,
 };
 
 static const struct target_type *
@@ -59,6 +59,17 @@ static const char *
 number_error (int r)
 {
   return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
+}
+
+int
+target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
+                    struct mapper_err *err)
+{
+  if (argc != 0) {
+    mapper_err_set (err, "takes no arguments, got %u", argc);
+    return -EINVAL;
+  }
+  return 0;
 }
 
 int
@@ -118,9 +129,9 @@ table_merge_caps (struct table *t)
   c->block_min = 1;               /* byte-granular: we split exactly */
   c->block_pref = 4096;
   c->block_max = 0xffffffff;
-  t->flush_hooks = false;
+  t->has_flush_failed = false;
   for (size_t i = 0; i < t->nr_targets; i++)
-    t->flush_hooks |= t->targets[i].type->flush_failed != NULL;
+    t->has_flush_failed |= t->targets[i].type->flush_failed != NULL;
   for (size_t i = 0; i < t->backends.len; i++) {
     const struct mapper_caps *b = &t->backends.ptr[i]->caps;
     c->can_write &= b->can_write;
@@ -210,11 +221,30 @@ parse_line (struct table *t, uint64_t expect, string_vector *w,
   return r;
 }
 
+/* A copy of table text, wiped before it is freed: it may hold keys
+ * (crypt) on lines that were never parsed.
+ */
+struct text_copy {
+  char *p;
+  size_t len;
+};
+
+static void
+text_copy_free (struct text_copy *c)
+{
+  if (c->p) {
+    explicit_bzero (c->p, c->len);
+    free (c->p);
+  }
+}
+
 int
 table_parse (const char *text, const char *origin, struct table **out,
              struct mapper_err *err)
 {
-  CLEANUP_FREE char *copy = strdup (text);
+  __attribute__ ((cleanup (text_copy_free)))
+    struct text_copy copy_ = { strdup (text), strlen (text) };
+  char *copy = copy_.p;
   string_vector words = empty_vector;
   target_vector targets = empty_vector;
   struct table *t;
@@ -281,8 +311,10 @@ table_parse (const char *text, const char *origin, struct table **out,
     r = -ENOMEM;
     goto err;
   }
-  for (size_t i = 0; i < t->nr_targets; i++)
+  for (size_t i = 0; i < t->nr_targets; i++) {
     t->ends[i] = t->targets[i].begin + t->targets[i].len;
+    t->nr_flush_hooks += t->targets[i].type->flush != NULL;
+  }
   table_merge_caps (t);
   string_vector_reset (&words);
   *out = t;
@@ -342,9 +374,13 @@ table_parse_file (const char *path, struct table **out,
   }
   if (memchr (text, '\0', size) != NULL) {
     mapper_err_set (err, "%s: table contains a NUL byte", path);
-    return -EINVAL;
+    r = -EINVAL;
   }
-  return table_parse (text, path, out, err);
+  else
+    r = table_parse (text, path, out, err);
+  /* The text may hold keys (crypt): don't leave them in freed memory. */
+  explicit_bzero (text, size);
+  return r;
 }
 
 size_t
@@ -364,6 +400,14 @@ table_find_target (const struct table *t, uint64_t off)
 }
 
 void
+table_presuspend (struct table *t)
+{
+  for (size_t i = 0; i < t->nr_targets; i++)
+    if (t->targets[i].type->presuspend)
+      t->targets[i].type->presuspend (&t->targets[i]);
+}
+
+void
 table_resume (struct table *t)
 {
   for (size_t i = 0; i < t->nr_targets; i++)
@@ -377,6 +421,21 @@ table_postsuspend (struct table *t)
   for (size_t i = 0; i < t->nr_targets; i++)
     if (t->targets[i].type->postsuspend)
       t->targets[i].type->postsuspend (&t->targets[i]);
+}
+
+/* Called for each device flush of a table with nr_flush_hooks > 0. */
+int
+table_flush_hooks (struct table *t, uint32_t flags)
+{
+  struct io_req req;
+  int r = 0;
+
+  io_req_init (&req, IO_FLUSH, flags);
+  for (size_t i = 0; i < t->nr_targets && r == 0; i++)
+    if (t->targets[i].type->flush)
+      r = t->targets[i].type->flush (&t->targets[i], &req);
+  io_req_release (&req);
+  return r;
 }
 
 const struct mapper_caps *
@@ -488,6 +547,7 @@ target_type_info (size_t i, unsigned version[3])
 {
   if (i >= ARRAY_SIZE (target_types))
     return NULL;
-  memcpy (version, target_types[i]->version, 3 * sizeof (unsigned));
+  if (version)
+    memcpy (version, target_types[i]->version, 3 * sizeof (unsigned));
   return target_types[i]->name;
 }

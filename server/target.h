@@ -53,9 +53,23 @@ struct target_type {
                            int (*fn) (struct target *ti, struct backend *be,
                                       void *data),
                            void *data);
-  /* Optional, for targets with background work (mirror resync): the
-   * table became live on a device (resume), or stopped being live
-   * (suspend, after in-flight requests drained; also before dtr).  Both
+  /* Optional hooks for targets that hold I/O back or fail it by state
+   * (delay, flakey).  Flushes never pass through map(): a device flush
+   * goes once to each distinct backend of the table (flush.c), so a
+   * target that must delay or fail flushes says so in flush(), called
+   * for every device flush before the backends are flushed; it may wait,
+   * and an error fails the flush.  req is the flush's own request (no
+   * clones), for per-request state such as its start time.
+   */
+  int (*flush) (struct target *ti, struct io_req *req);
+  /* A suspend is starting (new requests are already held at the gate):
+   * release any I/O being held back now, instead of letting the drain
+   * wait for it (dm's presuspend).
+   */
+  void (*presuspend) (struct target *ti);
+  /* The table became live on a device (resume), or stopped being live
+   * (suspend, after in-flight requests drained; also before dtr), for
+   * targets with background work (mirror resync) or state (delay).  Both
    * may be called more than once.
    */
   void (*resume) (struct target *ti);
@@ -79,6 +93,9 @@ extern const struct target_type striped_target;
 extern const struct target_type zero_target;
 extern const struct target_type error_target;
 extern const struct target_type mirror_target;
+extern const struct target_type delay_target;
+extern const struct target_type flakey_target;
+extern const struct target_type crypt_target;
 
 /* table.c: for constructors.  Open (or share) the backend named by spec,
  * check that [start, start+len) bytes lies inside it, and register it in
@@ -87,6 +104,10 @@ extern const struct target_type mirror_target;
 int target_get_backend (struct target *ti, const char *spec,
                         uint64_t start, uint64_t len,
                         struct backend **out, struct mapper_err *err);
+
+/* table.c: the constructor of targets that take no arguments. */
+int target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
+                        struct mapper_err *err);
 
 /* util: strict number parsing for constructors ("%llu%c" style). */
 int parse_u64 (const char *s, uint64_t *out);

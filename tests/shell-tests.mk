@@ -19,4 +19,8 @@ SHELL_TESTS = \
 	test-mirror-remote.sh \
 	test-stacking.sh \
 	test-flush-dedup.sh \
+	test-delay.sh \
+	test-flakey.sh \
+	test-flakey-ext4.sh \
+	test-crypt.sh \
 	test-list-exports-limit.sh

@@ -173,7 +173,8 @@ persist_write (const char *name, const char *uuid, const char *text,
     r = -ENOMEM;
     goto out;
   }
-  fd = open (tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  /* 0600: a crypt table holds its key in clear. */
+  fd = open (tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd == -1) {
     r = -errno;
     goto out;

@@ -305,7 +305,10 @@ mapper_dump_plugin (void)
   printf ("libnbd_version=%s\n", nbd ? nbd_get_version (nbd) : "unknown");
   printf ("libev_version=%d.%d\n", ev_version_major (), ev_version_minor ());
   printf ("openssl_version=%s\n", OpenSSL_version (OPENSSL_VERSION));
-  printf ("mapper_targets=linear striped zero error mirror\n");
+  printf ("mapper_targets=");
+  for (size_t i = 0; i < target_type_count (); i++)
+    printf ("%s%s", i ? " " : "", target_type_info (i, NULL));
+  printf ("\n");
   if (nbd)
     nbd_close (nbd);
 }

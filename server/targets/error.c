@@ -7,17 +7,6 @@
 #include "internal.h"
 
 static int
-error_ctr (struct target *ti, unsigned argc, char **argv,
-           struct mapper_err *err)
-{
-  if (argc != 0) {
-    mapper_err_set (err, "takes no arguments, got %u", argc);
-    return -EINVAL;
-  }
-  return 0;
-}
-
-static int
 error_map (struct target *ti, struct io_req *req, uint64_t off,
            uint64_t len, char *buf)
 {
@@ -41,7 +30,7 @@ error_status (struct target *ti, enum status_type type, char *buf,
 const struct target_type error_target = {
   .name = "error",
   .version = { 1, 6, 0 },
-  .ctr = error_ctr,
+  .ctr = target_ctr_no_args,
   .map = error_map,
   .extents = error_extents,
   .status = error_status,

@@ -8,17 +8,6 @@
 #include "internal.h"
 
 static int
-zero_ctr (struct target *ti, unsigned argc, char **argv,
-          struct mapper_err *err)
-{
-  if (argc != 0) {
-    mapper_err_set (err, "takes no arguments, got %u", argc);
-    return -EINVAL;
-  }
-  return 0;
-}
-
-static int
 zero_map (struct target *ti, struct io_req *req, uint64_t off,
           uint64_t len, char *buf)
 {
@@ -44,7 +33,7 @@ zero_status (struct target *ti, enum status_type type, char *buf, size_t len)
 const struct target_type zero_target = {
   .name = "zero",
   .version = { 1, 2, 0 },
-  .ctr = zero_ctr,
+  .ctr = target_ctr_no_args,
   .map = zero_map,
   .extents = zero_extents,
   .status = zero_status,

@@ -1,0 +1,745 @@
+/* crypt <cipher> <key> <iv_offset> <dev> <offset> [<#opt_params> <opt>...]
+ *
+ * dm-crypt with OpenSSL: the bytes on the backend are exactly what Linux
+ * writes for the same table.  Ciphers: aes-xts-plain64, aes-xts-plain,
+ * aes-xts-plain64be (or the capi:xts(aes)-IVMODE spelling), with a 256-
+ * or 512-bit hex key (AES-128-XTS or AES-256-XTS).  Options:
+ * allow_discards, sector_size:<512..4096>, iv_large_sectors, and dm's
+ * performance hints same_cpu_crypt, submit_from_crypt_cpus,
+ * no_read_workqueue, no_write_workqueue (accepted, meaningless here).
+ *
+ * Each encryption sector of sector_size bytes is one XTS data unit whose
+ * IV is its sector number in 512-byte units counted from the target's
+ * start, plus iv_offset (with iv_large_sectors: in sector_size units):
+ * plain is that number's low 32 bits little-endian, plain64 all 64 bits
+ * little-endian, plain64be big-endian at the end, zero-padded to 16 bytes.
+ *
+ * Data paths (the one exception to clone-without-copy):
+ *   - reads: ciphertext straight into the client's buffer, decrypted in
+ *     place; a partial sector at either end is read and decrypted in a
+ *     sector buffer on the stack and the wanted bytes copied out;
+ *   - writes and zeros: encrypted into the thread's bounce buffer
+ *     (bounce.c; the client's buffer is const) and written from there, in
+ *     chunks of at most CRYPT_CHUNK; a partial sector at either end is
+ *     read, decrypted, patched, encrypted and written back under a lock on
+ *     that sector, so that concurrent partial writes to different bytes
+ *     of one sector don't lose each other;
+ *   - zero writes encrypted zeros, never a hole (a hole would decrypt to
+ *     garbage); fast zero is refused (ENOTSUP);
+ *   - trim goes down only with allow_discards, shrunk to whole sectors so
+ *     that no byte outside the trimmed range is lost;
+ *   - extents: all data (ciphertext holes don't read as zeros).
+ * The transform needs to see the data, so this target does its backend
+ * I/O itself, synchronously inside map (io_sync), not through clones.
+ *
+ * Keys: the hex key in the table text is overwritten as soon as it is
+ * decoded; the binary key and every cipher context made from it are
+ * wiped (OPENSSL_cleanse, EVP_CIPHER_CTX_free) when the table is freed.
+ * status TABLE prints the key, like dm; hiding it is the caller's job
+ * (dmsetup table shows it only with --showkeys).
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "internal.h"
+
+#define CRYPT_CHUNK (1024 * 1024)   /* bytes encrypted per bounce write */
+#define CRYPT_MAX_SECTOR 4096
+#define CRYPT_SLOTS 64               /* cipher contexts per target */
+#define CRYPT_MAX_OPTS 8
+#define XTS_IV_SIZE 16
+
+enum iv_mode { IV_PLAIN, IV_PLAIN64, IV_PLAIN64BE };
+static const char *const iv_mode_name[] = { "plain", "plain64", "plain64be" };
+
+/* A pair of cipher contexts keyed once for this target, used by one
+ * thread at a time (busy).  Found without a lock: each thread starts at
+ * its own slot.
+ */
+struct crypt_slot {
+  _Atomic bool busy;
+  EVP_CIPHER_CTX *enc, *dec;    /* created on first use */
+};
+
+struct crypt {
+  /* Read-only after ctr. */
+  struct backend *be;
+  uint64_t start;               /* bytes into the backend */
+  uint64_t iv_offset;           /* 512-byte sectors */
+  char *cipher_string;          /* as given, for status */
+  EVP_CIPHER *cipher;           /* fetched once */
+  enum iv_mode iv_mode;
+  uint32_t sector_size;
+  unsigned sector_shift;        /* log2 (sector_size / 512) */
+  bool iv_large_sectors, allow_discards;
+  bool same_cpu_crypt, submit_from_crypt_cpus;
+  bool no_read_workqueue, no_write_workqueue;
+  size_t key_size;              /* bytes */
+  unsigned char key[64];        /* wiped in dtr */
+
+  struct crypt_slot slots[CRYPT_SLOTS];
+};
+
+/* Each thread's first choice of slot (0: not chosen yet). */
+static _Atomic unsigned crypt_next_hint;
+static __thread unsigned crypt_hint;
+
+/* Partial-sector read-modify-write is serialised per backend sector
+ * through one of these, picked by hash.  Only unaligned writes take one.
+ */
+#define RMW_LOCKS 64
+static pthread_mutex_t rmw_locks[RMW_LOCKS] = {
+#define L4 PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, \
+  PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER
+#define L16 L4, L4, L4, L4
+  L16, L16, L16, L16
+#undef L16
+#undef L4
+};
+
+static pthread_mutex_t *
+rmw_lock (const struct backend *be, uint64_t be_off)
+{
+  uint64_t h = ((uintptr_t) be ^ (be_off >> 9)) * 0x9e3779b97f4a7c15ULL;
+
+  return &rmw_locks[h >> 58];
+}
+
+/* --- constructor ------------------------------------------------------- */
+
+static int
+hex_digit (int c)
+{
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* Decode the hex key into cc->key, then overwrite the text (as dm does)
+ * whatever happens, so it never lingers in the table's copy.
+ */
+static int
+crypt_take_key (struct crypt *cc, char *hex, struct mapper_err *err)
+{
+  size_t len = strlen (hex);
+  int r = 0;
+
+  if (hex[0] == ':')
+    mapper_err_set (err, "kernel keyring keys (':...') are not supported: "
+                    "give the key in hex"), r = -EINVAL;
+  else if (strcmp (hex, "-") == 0)
+    mapper_err_set (err, "no key ('-'): aes-xts needs one"), r = -EINVAL;
+  else if (len % 2)
+    mapper_err_set (err, "key has an odd number of hex digits (%zu)", len),
+      r = -EINVAL;
+  else if (len / 2 > sizeof cc->key)
+    mapper_err_set (err, "key of %zu bits is too long (aes-xts takes 256 or "
+                    "512 bits)", len * 4), r = -EINVAL;
+  else {
+    for (size_t i = 0; i < len; i += 2) {
+      int hi = hex_digit (hex[i]), lo = hex_digit (hex[i + 1]);
+      if (hi < 0 || lo < 0) {
+        mapper_err_set (err, "key is not hexadecimal (character %zu)",
+                        i + (hi >= 0) + 1);
+        r = -EINVAL;
+        break;
+      }
+      cc->key[i / 2] = hi << 4 | lo;
+    }
+    cc->key_size = len / 2;
+  }
+  memset (hex, '0', len);
+  return r;
+}
+
+/* cipher[:keycount]-chainmode-ivmode[:ivopts], or capi:xts(aes)-ivmode. */
+static int
+crypt_parse_cipher (struct crypt *cc, const char *spec,
+                    struct mapper_err *err)
+{
+  CLEANUP_FREE char *copy = strdup (spec);
+  char *cipher, *chain, *iv, *ivopts, *p;
+
+  if (copy == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  if (strncmp (copy, "capi:", 5) == 0) {
+    iv = strrchr (copy + 5, '-');
+    if (iv == NULL) {
+      mapper_err_set (err, "cipher '%s': IV mode missing", spec);
+      return -EINVAL;
+    }
+    *iv++ = '\0';
+    if (strcmp (copy + 5, "xts(aes)") != 0) {
+      mapper_err_set (err, "cipher '%s' is not supported (only xts(aes))",
+                      copy + 5);
+      return -EINVAL;
+    }
+  }
+  else {
+    cipher = copy;
+    chain = strchr (cipher, '-');
+    if (chain)
+      *chain++ = '\0';
+    iv = chain ? strchr (chain, '-') : NULL;
+    if (iv)
+      *iv++ = '\0';
+    if ((p = strchr (cipher, ':')) != NULL) {
+      *p++ = '\0';
+      if (strcmp (p, "1") != 0) {
+        mapper_err_set (err, "cipher '%s': key count '%s' is not supported "
+                        "(only 1)", spec, p);
+        return -EINVAL;
+      }
+    }
+    if (strcmp (cipher, "aes") != 0) {
+      mapper_err_set (err, "unknown cipher '%s' (supported: aes)", cipher);
+      return -EINVAL;
+    }
+    if (chain == NULL || strcmp (chain, "xts") != 0) {
+      mapper_err_set (err, "chain mode '%s' is not supported (supported: "
+                      "xts)", chain ? chain : "cbc");
+      return -EINVAL;
+    }
+    if (iv == NULL) {
+      mapper_err_set (err, "cipher '%s': IV mode required", spec);
+      return -EINVAL;
+    }
+  }
+  if ((ivopts = strchr (iv, ':')) != NULL)
+    *ivopts++ = '\0';
+  for (size_t i = 0; i < ARRAY_SIZE (iv_mode_name); i++)
+    if (strcmp (iv, iv_mode_name[i]) == 0) {
+      if (ivopts) {
+        mapper_err_set (err, "IV mode %s takes no options (':%s')", iv,
+                        ivopts);
+        return -EINVAL;
+      }
+      cc->iv_mode = i;
+      cc->cipher_string = strdup (spec);
+      if (cc->cipher_string == NULL) {
+        mapper_err_set (err, "out of memory");
+        return -ENOMEM;
+      }
+      return 0;
+    }
+  mapper_err_set (err, "unknown IV mode '%s' (supported: plain, plain64, "
+                  "plain64be)", iv);
+  return -EINVAL;
+}
+
+static int
+crypt_parse_opts (struct target *ti, struct crypt *cc, unsigned argc,
+                  char **argv, struct mapper_err *err)
+{
+  uint64_t n;
+
+  if (argc == 0)
+    return 0;
+  if (parse_u64 (argv[0], &n) < 0 || n > CRYPT_MAX_OPTS) {
+    mapper_err_set (err, "invalid number of optional parameters '%s' (0 to "
+                    "%d)", argv[0], CRYPT_MAX_OPTS);
+    return -EINVAL;
+  }
+  if (n != argc - 1) {
+    mapper_err_set (err, "%" PRIu64 " optional parameter%s declared but %u "
+                    "given", n, n == 1 ? "" : "s", argc - 1);
+    return -EINVAL;
+  }
+  for (unsigned i = 1; i < argc; i++) {
+    const char *o = argv[i];
+    uint64_t ss;
+
+    if (strcasecmp (o, "allow_discards") == 0)
+      cc->allow_discards = true;
+    else if (strcasecmp (o, "same_cpu_crypt") == 0)
+      cc->same_cpu_crypt = true;
+    else if (strcasecmp (o, "submit_from_crypt_cpus") == 0)
+      cc->submit_from_crypt_cpus = true;
+    else if (strcasecmp (o, "no_read_workqueue") == 0)
+      cc->no_read_workqueue = true;
+    else if (strcasecmp (o, "no_write_workqueue") == 0)
+      cc->no_write_workqueue = true;
+    else if (strcasecmp (o, "iv_large_sectors") == 0)
+      cc->iv_large_sectors = true;
+    else if (strncasecmp (o, "sector_size:", 12) == 0) {
+      if (parse_u64 (o + 12, &ss) < 0 || ss < 512 || ss > CRYPT_MAX_SECTOR ||
+          !IS_POWER_OF_2 (ss)) {
+        mapper_err_set (err, "invalid sector_size '%s' (a power of two from "
+                        "512 to %d)", o + 12, CRYPT_MAX_SECTOR);
+        return -EINVAL;
+      }
+      if (ti->len % ss) {
+        mapper_err_set (err, "target length %" PRIu64 " sectors is not a "
+                        "multiple of sector_size %" PRIu64,
+                        ti->len >> MAPPER_SECTOR_SHIFT, ss);
+        return -EINVAL;
+      }
+      cc->sector_size = ss;
+      cc->sector_shift = __builtin_ctz (ss) - MAPPER_SECTOR_SHIFT;
+    }
+    else if (strncasecmp (o, "integrity:", 10) == 0) {
+      mapper_err_set (err, "optional parameter '%s' is not supported", o);
+      return -EINVAL;
+    }
+    else {
+      mapper_err_set (err, "unknown optional parameter '%s' (allow_discards, "
+                      "sector_size:<bytes>, iv_large_sectors, ...)", o);
+      return -EINVAL;
+    }
+  }
+  return 0;
+}
+
+/* Key a fresh cipher context for one direction. */
+static EVP_CIPHER_CTX *
+crypt_new_ctx (const struct crypt *cc, int enc)
+{
+  EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new ();
+
+  if (ctx && EVP_CipherInit_ex2 (ctx, cc->cipher, cc->key, NULL, enc,
+                                 NULL) != 1) {
+    EVP_CIPHER_CTX_free (ctx);
+    ctx = NULL;
+  }
+  return ctx;
+}
+
+static void
+crypt_free (struct crypt *cc)
+{
+  for (size_t i = 0; i < CRYPT_SLOTS; i++) {
+    EVP_CIPHER_CTX_free (cc->slots[i].enc);   /* wipes the key schedule */
+    EVP_CIPHER_CTX_free (cc->slots[i].dec);
+  }
+  EVP_CIPHER_free (cc->cipher);
+  free (cc->cipher_string);
+  OPENSSL_cleanse (cc->key, sizeof cc->key);
+  free (cc);
+}
+
+static int
+crypt_ctr (struct target *ti, unsigned argc, char **argv,
+           struct mapper_err *err)
+{
+  struct mapper_err key_err;
+  struct crypt *cc;
+  int key_r = 0, r;
+
+  cc = calloc (1, sizeof *cc);
+  if (cc == NULL) {
+    if (argc >= 2)
+      memset (argv[1], '0', strlen (argv[1]));
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  /* The key first, whatever else is wrong, so its text is wiped. */
+  if (argc >= 2)
+    key_r = crypt_take_key (cc, argv[1], &key_err);
+  if (argc < 5) {
+    mapper_err_set (err, "expected <cipher> <key> <iv_offset> <dev> <offset> "
+                    "[<#opt_params> <opt_params>...], got %u argument%s",
+                    argc, argc == 1 ? "" : "s");
+    r = -EINVAL;
+    goto err;
+  }
+  cc->sector_size = MAPPER_SECTOR_SIZE;
+  /* dm reads the optional parameters first (sector_size matters below). */
+  if ((r = crypt_parse_opts (ti, cc, argc - 5, &argv[5], err)) < 0)
+    goto err;
+  if ((r = crypt_parse_cipher (cc, argv[0], err)) < 0)
+    goto err;
+  if (key_r < 0) {
+    *err = key_err;
+    r = key_r;
+    goto err;
+  }
+  if (cc->key_size != 32 && cc->key_size != 64) {
+    mapper_err_set (err, "key of %zu bits is not valid for aes-xts (256 bits "
+                    "for AES-128-XTS or 512 bits for AES-256-XTS)",
+                    cc->key_size * 8);
+    r = -EINVAL;
+    goto err;
+  }
+  cc->cipher = EVP_CIPHER_fetch (NULL, cc->key_size == 32 ? "AES-128-XTS"
+                                 : "AES-256-XTS", NULL);
+  if (cc->cipher == NULL) {
+    mapper_err_set (err, "OpenSSL has no %s", cc->key_size == 32 ?
+                    "AES-128-XTS" : "AES-256-XTS");
+    r = -ENOTSUP;
+    goto err;
+  }
+  /* Key the first slot now: OpenSSL refuses some keys (two identical
+   * XTS halves), and that belongs in the constructor's error.
+   */
+  cc->slots[0].enc = crypt_new_ctx (cc, 1);
+  cc->slots[0].dec = crypt_new_ctx (cc, 0);
+  if (cc->slots[0].enc == NULL || cc->slots[0].dec == NULL) {
+    mapper_err_set (err, "key refused by OpenSSL %s (are its two halves "
+                    "identical?)", EVP_CIPHER_get0_name (cc->cipher));
+    r = -EINVAL;
+    goto err;
+  }
+  if (parse_u64 (argv[2], &cc->iv_offset) < 0) {
+    mapper_err_set (err, "iv_offset '%s' is not a non-negative integer",
+                    argv[2]);
+    r = -EINVAL;
+    goto err;
+  }
+  if (cc->iv_offset & ((cc->sector_size >> MAPPER_SECTOR_SHIFT) - 1)) {
+    mapper_err_set (err, "iv_offset %" PRIu64 " is not a multiple of "
+                    "sector_size %" PRIu32 " (%" PRIu32 " sectors)",
+                    cc->iv_offset, cc->sector_size,
+                    cc->sector_size >> MAPPER_SECTOR_SHIFT);
+    r = -EINVAL;
+    goto err;
+  }
+  if ((r = parse_sectors (argv[4], &cc->start)) < 0) {
+    mapper_err_set (err, "offset '%s' %s", argv[4],
+                    r == -ERANGE ? "overflows 64 bits"
+                    : "is not a non-negative integer");
+    r = -EINVAL;
+    goto err;
+  }
+  if (cc->start & (cc->sector_size - 1)) {
+    mapper_err_set (err, "offset %" PRIu64 " is not a multiple of "
+                    "sector_size %" PRIu32 " (%" PRIu32 " sectors)",
+                    cc->start >> MAPPER_SECTOR_SHIFT, cc->sector_size,
+                    cc->sector_size >> MAPPER_SECTOR_SHIFT);
+    r = -EINVAL;
+    goto err;
+  }
+  r = target_get_backend (ti, argv[3], cc->start, ti->len, &cc->be, err);
+  if (r < 0)
+    goto err;
+  ti->private = cc;
+  return 0;
+
+ err:
+  crypt_free (cc);
+  return r;
+}
+
+static void
+crypt_dtr (struct target *ti)
+{
+  crypt_free (ti->private);
+}
+
+/* --- the transform --------------------------------------------------- */
+
+static struct crypt_slot *
+crypt_slot_get (struct crypt *cc)
+{
+  unsigned first;
+
+  if (crypt_hint == 0)
+    crypt_hint = atomic_fetch_add (&crypt_next_hint, 1) + 1;
+  first = crypt_hint - 1;
+  for (unsigned k = 0; k < CRYPT_SLOTS; k++) {
+    struct crypt_slot *s = &cc->slots[(first + k) % CRYPT_SLOTS];
+    bool expected = false;
+
+    if (!atomic_load_explicit (&s->busy, memory_order_relaxed) &&
+        atomic_compare_exchange_strong (&s->busy, &expected, true))
+      return s;
+  }
+  return NULL;
+}
+
+static void
+crypt_slot_put (struct crypt_slot *s)
+{
+  atomic_store (&s->busy, false);
+}
+
+static void
+crypt_iv (const struct crypt *cc, uint64_t toff, unsigned char *iv)
+{
+  uint64_t sector = (toff >> MAPPER_SECTOR_SHIFT) + cc->iv_offset;
+
+  if (cc->iv_large_sectors)
+    sector >>= cc->sector_shift;
+  memset (iv, 0, XTS_IV_SIZE);
+  switch (cc->iv_mode) {
+  case IV_PLAIN:
+    sector &= 0xffffffff;
+    /* fallthrough */
+  case IV_PLAIN64:
+    for (int i = 0; i < 8; i++)
+      iv[i] = sector >> (8 * i);
+    break;
+  case IV_PLAIN64BE:
+    for (int i = 0; i < 8; i++)
+      iv[XTS_IV_SIZE - 1 - i] = sector >> (8 * i);
+    break;
+  }
+}
+
+/* En/decrypt len bytes (whole sectors) from in to out (may be equal):
+ * target offset toff.  0 or -errno.
+ */
+static int
+crypt_convert (struct crypt *cc, int enc, uint64_t toff, const char *in,
+               char *out, uint64_t len)
+{
+  struct crypt_slot *s = crypt_slot_get (cc);
+  EVP_CIPHER_CTX *ctx, *tmp = NULL;
+  unsigned char iv[XTS_IV_SIZE];
+  int r = 0;
+
+  if (s) {
+    EVP_CIPHER_CTX **p = enc ? &s->enc : &s->dec;
+    if (*p == NULL)
+      *p = crypt_new_ctx (cc, enc);
+    ctx = *p;
+  }
+  else                          /* more threads than slots: rare */
+    ctx = tmp = crypt_new_ctx (cc, enc);
+  if (ctx == NULL) {
+    r = -ENOMEM;
+    goto out;
+  }
+  for (uint64_t done = 0; done < len; done += cc->sector_size) {
+    int outl;
+
+    crypt_iv (cc, toff + done, iv);       /* not secret */
+    if (EVP_CipherInit_ex2 (ctx, NULL, NULL, iv, enc, NULL) != 1 ||
+        EVP_CipherUpdate (ctx, (unsigned char *) out + done, &outl,
+                          (const unsigned char *) in + done,
+                          cc->sector_size) != 1) {
+      r = -EIO;
+      break;
+    }
+  }
+ out:
+  if (s)
+    crypt_slot_put (s);
+  EVP_CIPHER_CTX_free (tmp);
+  return r;
+}
+
+/* --- I/O ---------------------------------------------------------------- */
+
+/* Read [off, off+len) (target bytes) into buf. */
+static int
+crypt_read (struct crypt *cc, uint64_t off, uint64_t len, char *buf)
+{
+  const uint64_t ss = cc->sector_size, end = off + len;
+  uint64_t pos = off, mid_end = end & ~(ss - 1);
+  char sector[CRYPT_MAX_SECTOR];
+  int r;
+
+  /* A partial sector at the start (perhaps also the end). */
+  if (pos & (ss - 1)) {
+    uint64_t sec = pos & ~(ss - 1), n = MIN (end, sec + ss) - pos;
+
+    if ((r = io_sync (IO_READ, cc->be, cc->start + sec, ss, sector, 0)) < 0 ||
+        (r = crypt_convert (cc, 0, sec, sector, sector, ss)) < 0)
+      return r;
+    memcpy (buf, sector + (pos - sec), n);
+    pos += n;
+  }
+  /* Whole sectors: in place in the client's buffer. */
+  if (mid_end > pos) {
+    char *p = buf + (pos - off);
+
+    if ((r = io_sync (IO_READ, cc->be, cc->start + pos, mid_end - pos, p,
+                      0)) < 0 ||
+        (r = crypt_convert (cc, 0, pos, p, p, mid_end - pos)) < 0)
+      return r;
+    pos = mid_end;
+  }
+  /* A partial sector at the end. */
+  if (pos < end) {
+    if ((r = io_sync (IO_READ, cc->be, cc->start + pos, ss, sector, 0)) < 0 ||
+        (r = crypt_convert (cc, 0, pos, sector, sector, ss)) < 0)
+      return r;
+    memcpy (buf + (pos - off), sector, end - pos);
+  }
+  return 0;
+}
+
+/* Replace bytes [in_off, in_off+n) of the sector at target offset sec by
+ * src (NULL: zeros): read, decrypt, patch, encrypt, write, serialised
+ * with other partial writes to the same sector.
+ */
+static int
+crypt_rmw (struct crypt *cc, uint32_t flags, uint64_t sec, uint64_t in_off,
+           uint64_t n, const char *src)
+{
+  const uint64_t ss = cc->sector_size;
+  pthread_mutex_t *lock = rmw_lock (cc->be, cc->start + sec);
+  char sector[CRYPT_MAX_SECTOR];
+  int r;
+
+  pthread_mutex_lock (lock);
+  if ((r = io_sync (IO_READ, cc->be, cc->start + sec, ss, sector, 0)) == 0 &&
+      (r = crypt_convert (cc, 0, sec, sector, sector, ss)) == 0) {
+    if (src)
+      memcpy (sector + in_off, src, n);
+    else
+      memset (sector + in_off, 0, n);
+    if ((r = crypt_convert (cc, 1, sec, sector, sector, ss)) == 0)
+      r = io_sync (IO_WRITE, cc->be, cc->start + sec, ss, sector, flags);
+  }
+  pthread_mutex_unlock (lock);
+  OPENSSL_cleanse (sector, ss);   /* plaintext */
+  return r;
+}
+
+/* Write [off, off+len) from src (NULL: zeros). */
+static int
+crypt_write (struct crypt *cc, uint32_t flags, uint64_t off, uint64_t len,
+             const char *src)
+{
+  const uint64_t ss = cc->sector_size, end = off + len;
+  uint64_t pos = off, mid_end = end & ~(ss - 1);
+  int r;
+
+  if (pos & (ss - 1)) {
+    uint64_t sec = pos & ~(ss - 1), n = MIN (end, sec + ss) - pos;
+
+    if ((r = crypt_rmw (cc, flags, sec, pos - sec, n, src)) < 0)
+      return r;
+    pos += n;
+  }
+  while (pos < mid_end) {
+    uint64_t n = MIN (mid_end - pos, CRYPT_CHUNK);
+    char *b = bounce_get (n);
+
+    if (b == NULL)
+      return -ENOMEM;
+    if (src)
+      r = crypt_convert (cc, 1, pos, src + (pos - off), b, n);
+    else {
+      memset (b, 0, n);
+      r = crypt_convert (cc, 1, pos, b, b, n);
+    }
+    if (r == 0)
+      r = io_sync (IO_WRITE, cc->be, cc->start + pos, n, b, flags);
+    bounce_put (b);
+    if (r < 0)
+      return r;
+    pos += n;
+  }
+  if (pos < end)
+    return crypt_rmw (cc, flags, pos, 0, end - pos,
+                      src ? src + (pos - off) : NULL);
+  return 0;
+}
+
+static int
+crypt_map (struct target *ti, struct io_req *req, uint64_t off,
+           uint64_t len, char *buf)
+{
+  struct crypt *cc = ti->private;
+  uint64_t ss = cc->sector_size, first, last;
+
+  switch (req->op) {
+  case IO_READ:
+    return crypt_read (cc, off, len, buf);
+  case IO_WRITE:
+    return crypt_write (cc, req->flags, off, len, buf);
+  case IO_ZERO:
+    /* Encrypted zeros must be written: never fast. */
+    if (req->flags & MAPPER_FAST_ZERO)
+      return -ENOTSUP;
+    return crypt_write (cc, req->flags, off, len, NULL);
+  case IO_TRIM:
+    if (!cc->allow_discards)
+      return 0;                 /* trim is advisory: dm ignores it */
+    first = (off + ss - 1) & ~(ss - 1);
+    last = (off + len) & ~(ss - 1);
+    if (first >= last)
+      return 0;
+    return io_emit (req, cc->be, cc->start + first, last - first, NULL);
+  case IO_FLUSH:
+    break;
+  }
+  abort ();                     /* flushes never come through map */
+}
+
+static int
+crypt_extents (struct target *ti, struct extent_walk *w, uint64_t off,
+               uint64_t len)
+{
+  /* A hole in the ciphertext is not zeros in the plaintext. */
+  return extent_walk_add (w, ti, off, len, 0);
+}
+
+static size_t
+crypt_status (struct target *ti, enum status_type type, char *buf,
+              size_t len)
+{
+  struct crypt *cc = ti->private;
+  unsigned nr;
+  size_t used = 0;
+
+#define APPEND(...) \
+  used += snprintf (used < len ? buf + used : NULL, \
+                    used < len ? len - used : 0, __VA_ARGS__)
+  if (type == STATUSTYPE_INFO)
+    return snprintf (buf, len, "%s", "");
+  APPEND ("%s ", cc->cipher_string);
+  for (size_t i = 0; i < cc->key_size; i++)
+    APPEND ("%02x", cc->key[i]);
+  APPEND (" %" PRIu64 " %s %" PRIu64, cc->iv_offset, cc->be->name,
+          cc->start >> MAPPER_SECTOR_SHIFT);
+  /* dm's order. */
+  nr = cc->allow_discards + cc->same_cpu_crypt + cc->submit_from_crypt_cpus +
+    cc->no_read_workqueue + cc->no_write_workqueue +
+    (cc->sector_size != MAPPER_SECTOR_SIZE) + cc->iv_large_sectors;
+  if (nr) {
+    APPEND (" %u", nr);
+    if (cc->allow_discards)
+      APPEND (" allow_discards");
+    if (cc->same_cpu_crypt)
+      APPEND (" same_cpu_crypt");
+    if (cc->submit_from_crypt_cpus)
+      APPEND (" submit_from_crypt_cpus");
+    if (cc->no_read_workqueue)
+      APPEND (" no_read_workqueue");
+    if (cc->no_write_workqueue)
+      APPEND (" no_write_workqueue");
+    if (cc->sector_size != MAPPER_SECTOR_SIZE)
+      APPEND (" sector_size:%" PRIu32, cc->sector_size);
+    if (cc->iv_large_sectors)
+      APPEND (" iv_large_sectors");
+  }
+#undef APPEND
+  return used;
+}
+
+static int
+crypt_iterate_backends (struct target *ti,
+                        int (*fn) (struct target *, struct backend *, void *),
+                        void *data)
+{
+  struct crypt *cc = ti->private;
+
+  return fn (ti, cc->be, data);
+}
+
+const struct target_type crypt_target = {
+  .name = "crypt",
+  .version = { 1, 23, 0 },
+  .ctr = crypt_ctr,
+  .dtr = crypt_dtr,
+  .map = crypt_map,
+  .extents = crypt_extents,
+  .status = crypt_status,
+  .iterate_backends = crypt_iterate_backends,
+};

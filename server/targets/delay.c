@@ -1,0 +1,255 @@
+/* delay <dev> <offset> <delay_ms>
+ *       [<write_dev> <write_offset> <write_delay_ms>
+ *        [<flush_dev> <flush_offset> <flush_delay_ms>]]
+ *
+ * dm-delay: reads, writes and flushes wait the given milliseconds, and
+ * may go to different devices.  With 3 arguments writes and flushes use
+ * the read class, with 6 flushes use the write class.  Writes include
+ * zero and trim (dm counts discards and write-zeroes as writes).
+ *
+ * nbdkit workers are synchronous, so a delayed request simply waits in
+ * its worker (map, or the flush hook) on a condition variable with a
+ * deadline measured from the request's start: a request crossing several
+ * delay targets waits for the longest delay, as dm's parallel bios would.
+ * A suspend releases every waiter at once (presuspend), so it never waits
+ * out a delay; resume lets delays apply again.
+ *
+ * Flushes: a device flush goes once to every backend of the table
+ * (flush.c), never through map.  The flush hook makes it wait the flush
+ * class's delay first.  dm sends the flush bio only to the flush device;
+ * here the read and write devices are flushed as well, which is never
+ * less safe.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "internal.h"
+
+enum { CLASS_READ, CLASS_WRITE, CLASS_FLUSH, NR_CLASSES };
+static const char *const class_name[NR_CLASSES] = { "", "write ", "flush " };
+
+struct delay_class {
+  /* Read-only after ctr. */
+  struct backend *be;
+  uint64_t start;               /* bytes into the backend */
+  uint32_t delay_ms;
+};
+
+struct delay {
+  struct delay_class class[NR_CLASSES];
+  unsigned argc;                /* 3, 6 or 9: for status */
+
+  pthread_mutex_t lock;         /* protects the fields below */
+  pthread_cond_t cond;          /* may_delay became false */
+  bool may_delay;               /* false from presuspend to resume */
+  unsigned waiting[NR_CLASSES]; /* requests waiting now (status) */
+};
+
+static int
+delay_class_ctr (struct target *ti, struct delay_class *c, char **argv,
+                 unsigned cls, struct mapper_err *err)
+{
+  uint64_t ms;
+  int r;
+
+  if ((r = parse_sectors (argv[1], &c->start)) < 0) {
+    mapper_err_set (err, "%soffset '%s' %s", class_name[cls], argv[1],
+                    r == -ERANGE ? "overflows 64 bits"
+                    : "is not a non-negative integer");
+    return -EINVAL;
+  }
+  if (parse_u64 (argv[2], &ms) < 0 || ms > UINT32_MAX) {
+    mapper_err_set (err, "%sdelay '%s' is not a number of milliseconds "
+                    "(0 to %" PRIu32 ")", class_name[cls], argv[2],
+                    UINT32_MAX);
+    return -EINVAL;
+  }
+  c->delay_ms = ms;
+  return target_get_backend (ti, argv[0], c->start, ti->len, &c->be, err);
+}
+
+static int
+delay_ctr (struct target *ti, unsigned argc, char **argv,
+           struct mapper_err *err)
+{
+  struct delay *dc;
+  pthread_condattr_t attr;
+  int r;
+
+  if (argc != 3 && argc != 6 && argc != 9) {
+    mapper_err_set (err, "expected 3, 6 or 9 arguments <dev> <offset> "
+                    "<delay> [<write_dev> <write_offset> <write_delay> "
+                    "[<flush_dev> <flush_offset> <flush_delay>]], got %u",
+                    argc);
+    return -EINVAL;
+  }
+  dc = calloc (1, sizeof *dc);
+  if (dc == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  dc->argc = argc;
+  /* Backends already taken belong to the table: it releases them. */
+  for (unsigned cls = 0; cls < NR_CLASSES; cls++) {
+    /* Missing classes repeat the last one given. */
+    unsigned set = cls * 3 < argc ? cls : argc / 3 - 1;
+    r = delay_class_ctr (ti, &dc->class[cls], &argv[set * 3], cls, err);
+    if (r < 0) {
+      free (dc);
+      return r;
+    }
+  }
+
+  /* Deadlines are on the monotonic clock, like io_req_start_ns. */
+  pthread_condattr_init (&attr);
+  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
+  pthread_cond_init (&dc->cond, &attr);
+  pthread_condattr_destroy (&attr);
+  pthread_mutex_init (&dc->lock, NULL);
+  dc->may_delay = true;
+  ti->private = dc;
+  return 0;
+}
+
+static void
+delay_dtr (struct target *ti)
+{
+  struct delay *dc = ti->private;
+
+  pthread_cond_destroy (&dc->cond);
+  pthread_mutex_destroy (&dc->lock);
+  free (dc);
+}
+
+/* Wait until the request's start + the class's delay, or a suspend. */
+static void
+delay_wait (struct delay *dc, struct io_req *req, int cls)
+{
+  uint32_t ms = dc->class[cls].delay_ms;
+  uint64_t deadline;
+  struct timespec ts;
+
+  if (ms == 0)
+    return;
+  deadline = io_req_start_ns (req) + (uint64_t) ms * 1000000;
+  ts.tv_sec = deadline / 1000000000;
+  ts.tv_nsec = deadline % 1000000000;
+
+  pthread_mutex_lock (&dc->lock);
+  dc->waiting[cls]++;
+  while (dc->may_delay &&
+         pthread_cond_timedwait (&dc->cond, &dc->lock, &ts) != ETIMEDOUT)
+    ;
+  dc->waiting[cls]--;
+  pthread_mutex_unlock (&dc->lock);
+}
+
+static int
+delay_map (struct target *ti, struct io_req *req, uint64_t off,
+           uint64_t len, char *buf)
+{
+  struct delay *dc = ti->private;
+  int cls = io_req_is_read (req) ? CLASS_READ : CLASS_WRITE;
+  const struct delay_class *c = &dc->class[cls];
+
+  delay_wait (dc, req, cls);
+  return io_emit (req, c->be, c->start + off, len, buf);
+}
+
+static int
+delay_flush (struct target *ti, struct io_req *req)
+{
+  delay_wait (ti->private, req, CLASS_FLUSH);
+  return 0;
+}
+
+static void
+delay_presuspend (struct target *ti)
+{
+  struct delay *dc = ti->private;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dc->lock);
+
+  dc->may_delay = false;
+  pthread_cond_broadcast (&dc->cond);
+}
+
+static void
+delay_resume (struct target *ti)
+{
+  struct delay *dc = ti->private;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dc->lock);
+
+  dc->may_delay = true;
+}
+
+static int
+delay_extents (struct target *ti, struct extent_walk *w, uint64_t off,
+               uint64_t len)
+{
+  struct delay *dc = ti->private;
+  const struct delay_class *c = &dc->class[CLASS_READ];
+
+  return extent_walk_backend (w, ti, off, c->be, c->start + off, len);
+}
+
+static size_t
+delay_status (struct target *ti, enum status_type type, char *buf,
+              size_t len)
+{
+  struct delay *dc = ti->private;
+  size_t used = 0;
+
+#define APPEND(...) \
+  used += snprintf (used < len ? buf + used : NULL, \
+                    used < len ? len - used : 0, __VA_ARGS__)
+  if (type == STATUSTYPE_INFO) {
+    /* dm: the requests of each class being delayed now. */
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dc->lock);
+    APPEND ("%u %u %u", dc->waiting[CLASS_READ], dc->waiting[CLASS_WRITE],
+            dc->waiting[CLASS_FLUSH]);
+  }
+  else {
+    for (unsigned cls = 0; cls < dc->argc / 3; cls++) {
+      const struct delay_class *c = &dc->class[cls];
+      APPEND ("%s%s %" PRIu64 " %" PRIu32, cls ? " " : "", c->be->name,
+              c->start >> MAPPER_SECTOR_SHIFT, c->delay_ms);
+    }
+  }
+#undef APPEND
+  return used;
+}
+
+static int
+delay_iterate_backends (struct target *ti,
+                        int (*fn) (struct target *, struct backend *, void *),
+                        void *data)
+{
+  struct delay *dc = ti->private;
+
+  for (unsigned cls = 0; cls < dc->argc / 3; cls++) {
+    int r = fn (ti, dc->class[cls].be, data);
+    if (r)
+      return r;
+  }
+  return 0;
+}
+
+const struct target_type delay_target = {
+  .name = "delay",
+  .version = { 1, 4, 0 },
+  .ctr = delay_ctr,
+  .dtr = delay_dtr,
+  .map = delay_map,
+  .extents = delay_extents,
+  .status = delay_status,
+  .iterate_backends = delay_iterate_backends,
+  .flush = delay_flush,
+  .presuspend = delay_presuspend,
+  .resume = delay_resume,
+};

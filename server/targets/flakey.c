@@ -1,0 +1,440 @@
+/* flakey <dev> <offset> <up_interval> <down_interval>
+ *        [<#features> <feature>...]
+ *
+ * dm-flakey: passes I/O through for up_interval seconds, then misbehaves
+ * for down_interval seconds, and so on; the clock starts when the table
+ * is loaded (constructed).  While down:
+ *   error_reads        reads fail with EIO
+ *   drop_writes        writes (and zero, trim, flush) succeed but are
+ *                      silently dropped
+ *   error_writes       writes (and zero, trim, flush) fail with EIO
+ *   corrupt_bio_byte <Nth> <r|w> <value> <flags>
+ *                      byte Nth (from 1) of each matching read's data
+ *                      (after reading) or write's data (sent from a
+ *                      constant: the client's buffer is const) is
+ *                      replaced by value.  flags is a mask of Linux bi_opf
+ *                      bits the request must all carry: 0 matches every
+ *                      request; we know REQ_OP_WRITE (1) and REQ_FUA
+ *                      (1 << 17), which NBD FUA writes carry.
+ * With no features, reads and writes both fail (dm: error_reads +
+ * error_writes, and status shows them).  Nth counts from the start of the
+ * part of the request that falls in this target, as dm counts from the
+ * start of the bio split at target boundaries.  Zero and trim carry no
+ * data, so corruption never applies to them.
+ *
+ * Always up: down_interval 0.  Always down: up_interval 0.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "internal.h"
+
+#define ERROR_READS  0x1
+#define DROP_WRITES  0x2
+#define ERROR_WRITES 0x4
+
+/* The bi_opf bits a request of ours carries, for corrupt_bio_byte flags. */
+#define KERNEL_REQ_OP_WRITE 0x1
+#define KERNEL_REQ_FUA      (1u << 17)
+
+#define MAX_FEATURE_ARGS 11      /* dm-flakey's limit */
+
+struct flakey {
+  /* Read-only after ctr. */
+  struct backend *be;
+  uint64_t start;               /* bytes into the backend */
+  uint64_t born_ns;             /* CLOCK_MONOTONIC at load */
+  uint32_t up, down;            /* seconds */
+  unsigned flags;               /* ERROR_READS | DROP_WRITES | ... */
+  uint32_t corrupt_byte;        /* 1-based; 0: no corruption */
+  bool corrupt_write;           /* direction w (else r) */
+  uint8_t corrupt_value;
+  uint32_t corrupt_flags;
+};
+
+static uint64_t
+now_ns (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Parse a 32-bit decimal within [min, max]. */
+static int
+parse_u32 (const char *s, uint32_t min, uint32_t max, uint32_t *out)
+{
+  uint64_t v;
+
+  if (parse_u64 (s, &v) < 0 || v < min || v > max)
+    return -EINVAL;
+  *out = v;
+  return 0;
+}
+
+static int
+flakey_features (struct flakey *fc, unsigned argc, char **argv,
+                 struct mapper_err *err)
+{
+  uint32_t n;
+  unsigned i;
+
+  if (argc == 0)
+    goto error_all_io;
+  if (parse_u32 (argv[0], 0, MAX_FEATURE_ARGS, &n) < 0) {
+    mapper_err_set (err, "invalid number of feature arguments '%s' (0 to "
+                    "%d)", argv[0], MAX_FEATURE_ARGS);
+    return -EINVAL;
+  }
+  if (n != argc - 1) {
+    mapper_err_set (err, "%" PRIu32 " feature argument%s declared but %u "
+                    "given", n, n == 1 ? "" : "s", argc - 1);
+    return -EINVAL;
+  }
+  for (i = 1; i < argc; i++) {
+    const char *f = argv[i];
+
+    if (strcasecmp (f, "error_reads") == 0) {
+      if (fc->flags & ERROR_READS) {
+        mapper_err_set (err, "feature error_reads duplicated");
+        return -EINVAL;
+      }
+      fc->flags |= ERROR_READS;
+    }
+    else if (strcasecmp (f, "drop_writes") == 0) {
+      if (fc->flags & DROP_WRITES) {
+        mapper_err_set (err, "feature drop_writes duplicated");
+        return -EINVAL;
+      }
+      if (fc->flags & ERROR_WRITES) {
+        mapper_err_set (err, "feature drop_writes conflicts with feature "
+                        "error_writes");
+        return -EINVAL;
+      }
+      fc->flags |= DROP_WRITES;
+    }
+    else if (strcasecmp (f, "error_writes") == 0) {
+      if (fc->flags & ERROR_WRITES) {
+        mapper_err_set (err, "feature error_writes duplicated");
+        return -EINVAL;
+      }
+      if (fc->flags & DROP_WRITES) {
+        mapper_err_set (err, "feature error_writes conflicts with feature "
+                        "drop_writes");
+        return -EINVAL;
+      }
+      fc->flags |= ERROR_WRITES;
+    }
+    else if (strcasecmp (f, "corrupt_bio_byte") == 0) {
+      uint32_t value;
+
+      if (fc->corrupt_byte) {
+        mapper_err_set (err, "feature corrupt_bio_byte duplicated");
+        return -EINVAL;
+      }
+      if (argc - 1 - i < 4) {
+        mapper_err_set (err, "feature corrupt_bio_byte requires 4 "
+                        "parameters <Nth_byte> <r|w> <value> <flags>");
+        return -EINVAL;
+      }
+      if (parse_u32 (argv[i + 1], 1, UINT32_MAX, &fc->corrupt_byte) < 0) {
+        mapper_err_set (err, "corrupt_bio_byte: invalid byte number '%s' "
+                        "(1 to %" PRIu32 ")", argv[i + 1], UINT32_MAX);
+        return -EINVAL;
+      }
+      if (strcasecmp (argv[i + 2], "w") == 0)
+        fc->corrupt_write = true;
+      else if (strcasecmp (argv[i + 2], "r") != 0) {
+        mapper_err_set (err, "corrupt_bio_byte: invalid direction '%s' "
+                        "(r or w)", argv[i + 2]);
+        return -EINVAL;
+      }
+      if (parse_u32 (argv[i + 3], 0, 255, &value) < 0) {
+        mapper_err_set (err, "corrupt_bio_byte: invalid value '%s' (0 to "
+                        "255)", argv[i + 3]);
+        return -EINVAL;
+      }
+      fc->corrupt_value = value;
+      if (parse_u32 (argv[i + 4], 0, UINT32_MAX, &fc->corrupt_flags) < 0) {
+        mapper_err_set (err, "corrupt_bio_byte: invalid flags mask '%s' "
+                        "(0 to %" PRIu32 ")", argv[i + 4], UINT32_MAX);
+        return -EINVAL;
+      }
+      i += 4;
+    }
+    else {
+      mapper_err_set (err, "unknown feature '%s' (error_reads, drop_writes, "
+                      "error_writes, corrupt_bio_byte)", f);
+      return -EINVAL;
+    }
+  }
+
+  if (fc->corrupt_byte && fc->corrupt_write && (fc->flags & DROP_WRITES)) {
+    mapper_err_set (err, "drop_writes is incompatible with corrupt_bio_byte "
+                    "with the WRITE flag set");
+    return -EINVAL;
+  }
+  if (fc->corrupt_byte && fc->corrupt_write && (fc->flags & ERROR_WRITES)) {
+    mapper_err_set (err, "error_writes is incompatible with corrupt_bio_byte "
+                    "with the WRITE flag set");
+    return -EINVAL;
+  }
+  if (fc->corrupt_byte && !fc->corrupt_write && (fc->flags & ERROR_READS)) {
+    mapper_err_set (err, "error_reads is incompatible with corrupt_bio_byte "
+                    "with the READ flag set");
+    return -EINVAL;
+  }
+  if (fc->flags || fc->corrupt_byte)
+    return 0;
+ error_all_io:
+  fc->flags = ERROR_READS | ERROR_WRITES;
+  return 0;
+}
+
+static int
+flakey_ctr (struct target *ti, unsigned argc, char **argv,
+            struct mapper_err *err)
+{
+  struct flakey *fc;
+  uint64_t total;
+  int r;
+
+  if (argc < 4) {
+    mapper_err_set (err, "expected <dev> <offset> <up_interval> "
+                    "<down_interval> [<#features> <features>...], got %u "
+                    "argument%s", argc, argc == 1 ? "" : "s");
+    return -EINVAL;
+  }
+  fc = calloc (1, sizeof *fc);
+  if (fc == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  fc->born_ns = now_ns ();
+  if ((r = parse_sectors (argv[1], &fc->start)) < 0) {
+    mapper_err_set (err, "offset '%s' %s", argv[1],
+                    r == -ERANGE ? "overflows 64 bits"
+                    : "is not a non-negative integer");
+    r = -EINVAL;
+    goto err;
+  }
+  if (parse_u32 (argv[2], 0, UINT32_MAX, &fc->up) < 0) {
+    mapper_err_set (err, "invalid up interval '%s' (seconds, 0 to %" PRIu32
+                    ")", argv[2], UINT32_MAX);
+    r = -EINVAL;
+    goto err;
+  }
+  if (parse_u32 (argv[3], 0, UINT32_MAX, &fc->down) < 0) {
+    mapper_err_set (err, "invalid down interval '%s' (seconds, 0 to %"
+                    PRIu32 ")", argv[3], UINT32_MAX);
+    r = -EINVAL;
+    goto err;
+  }
+  total = (uint64_t) fc->up + fc->down;
+  if (total == 0) {
+    mapper_err_set (err, "total (up + down) interval is zero");
+    r = -EINVAL;
+    goto err;
+  }
+  if (total > UINT32_MAX) {
+    mapper_err_set (err, "interval overflow: up %" PRIu32 " + down %" PRIu32
+                    " seconds exceeds %" PRIu32, fc->up, fc->down,
+                    UINT32_MAX);
+    r = -EINVAL;
+    goto err;
+  }
+  if ((r = flakey_features (fc, argc - 4, &argv[4], err)) < 0)
+    goto err;
+  r = target_get_backend (ti, argv[0], fc->start, ti->len, &fc->be, err);
+  if (r < 0)
+    goto err;
+  ti->private = fc;
+  return 0;
+
+ err:
+  free (fc);
+  return r;
+}
+
+static void
+flakey_dtr (struct target *ti)
+{
+  free (ti->private);
+}
+
+static bool
+flakey_is_down (const struct flakey *fc)
+{
+  uint64_t elapsed = (now_ns () - fc->born_ns) / 1000000000;
+
+  return elapsed % ((uint64_t) fc->up + fc->down) >= fc->up;
+}
+
+static bool
+corrupt_matches (const struct flakey *fc, const struct io_req *req)
+{
+  uint32_t opf = 0;
+
+  if (req->op != IO_READ)
+    opf |= KERNEL_REQ_OP_WRITE;
+  if (req->flags & MAPPER_FUA)
+    opf |= KERNEL_REQ_FUA;
+  return (opf & fc->corrupt_flags) == fc->corrupt_flags;
+}
+
+/* Read, then corrupt the returned data. */
+static int
+flakey_read_corrupt (struct flakey *fc, uint64_t off, uint64_t len,
+                     char *buf)
+{
+  int r = io_sync (IO_READ, fc->be, fc->start + off, len, buf, 0);
+
+  if (r == 0 && fc->corrupt_byte <= len)
+    buf[fc->corrupt_byte - 1] = fc->corrupt_value;
+  return r;
+}
+
+/* Every byte value, for corrupted writes (backends only read it). */
+static const unsigned char byte_value[256] = {
+#define B4(n) (n), (n) + 1, (n) + 2, (n) + 3
+#define B16(n) B4 (n), B4 ((n) + 4), B4 ((n) + 8), B4 ((n) + 12)
+#define B64(n) B16 (n), B16 ((n) + 16), B16 ((n) + 32), B16 ((n) + 48)
+  B64 (0), B64 (64), B64 (128), B64 (192)
+#undef B64
+#undef B16
+#undef B4
+};
+
+/* The client's buffer is const, and copying it all for one byte would be
+ * a waste: send the bytes before the corrupt one, the corrupt byte from
+ * a constant, and the bytes after, as three clones of the request.
+ */
+static int
+flakey_write_corrupt (struct flakey *fc, struct io_req *req, uint64_t off,
+                      uint64_t len, char *buf)
+{
+  uint64_t n = fc->corrupt_byte - 1;
+  int r;
+
+  if (n >= len)
+    return io_emit (req, fc->be, fc->start + off, len, buf);
+  if (n > 0 &&
+      (r = io_emit (req, fc->be, fc->start + off, n, buf)) < 0)
+    return r;
+  r = io_emit (req, fc->be, fc->start + off + n, 1,
+               (char *) &byte_value[fc->corrupt_value]);
+  if (r == 0 && n + 1 < len)
+    r = io_emit (req, fc->be, fc->start + off + n + 1, len - n - 1,
+                 buf + n + 1);
+  return r;
+}
+
+static int
+flakey_map (struct target *ti, struct io_req *req, uint64_t off,
+            uint64_t len, char *buf)
+{
+  struct flakey *fc = ti->private;
+
+  if (flakey_is_down (fc)) {
+    if (io_req_is_read (req)) {
+      if (fc->flags & ERROR_READS)
+        return -EIO;
+      if (fc->corrupt_byte && !fc->corrupt_write &&
+          corrupt_matches (fc, req))
+        return flakey_read_corrupt (fc, off, len, buf);
+    }
+    else {
+      if (fc->flags & DROP_WRITES)
+        return 0;               /* nothing emitted: "done" */
+      if (fc->flags & ERROR_WRITES)
+        return -EIO;
+      if (fc->corrupt_byte && fc->corrupt_write && buf &&
+          corrupt_matches (fc, req))
+        return flakey_write_corrupt (fc, req, off, len, buf);
+    }
+  }
+  return io_emit (req, fc->be, fc->start + off, len, buf);
+}
+
+/* A flush is a write to dm: dropped or failed while down. */
+static int
+flakey_flush (struct target *ti, struct io_req *req)
+{
+  struct flakey *fc = ti->private;
+
+  if ((fc->flags & ERROR_WRITES) && flakey_is_down (fc))
+    return -EIO;
+  return 0;
+}
+
+static int
+flakey_extents (struct target *ti, struct extent_walk *w, uint64_t off,
+                uint64_t len)
+{
+  struct flakey *fc = ti->private;
+
+  return extent_walk_backend (w, ti, off, fc->be, fc->start + off, len);
+}
+
+static size_t
+flakey_status (struct target *ti, enum status_type type, char *buf,
+               size_t len)
+{
+  struct flakey *fc = ti->private;
+  unsigned nr;
+  size_t used = 0;
+
+#define APPEND(...) \
+  used += snprintf (used < len ? buf + used : NULL, \
+                    used < len ? len - used : 0, __VA_ARGS__)
+  if (type == STATUSTYPE_INFO)
+    return snprintf (buf, len, "%s", "");
+  /* dm's order: error_reads, drop_writes or error_writes, corrupt. */
+  nr = !!(fc->flags & ERROR_READS) + !!(fc->flags & DROP_WRITES) +
+    !!(fc->flags & ERROR_WRITES) + (fc->corrupt_byte ? 5 : 0);
+  APPEND ("%s %" PRIu64 " %" PRIu32 " %" PRIu32 " %u", fc->be->name,
+          fc->start >> MAPPER_SECTOR_SHIFT, fc->up, fc->down, nr);
+  if (fc->flags & ERROR_READS)
+    APPEND (" error_reads");
+  if (fc->flags & DROP_WRITES)
+    APPEND (" drop_writes");
+  else if (fc->flags & ERROR_WRITES)
+    APPEND (" error_writes");
+  if (fc->corrupt_byte)
+    APPEND (" corrupt_bio_byte %" PRIu32 " %c %u %" PRIu32, fc->corrupt_byte,
+            fc->corrupt_write ? 'w' : 'r', fc->corrupt_value,
+            fc->corrupt_flags);
+#undef APPEND
+  return used;
+}
+
+static int
+flakey_iterate_backends (struct target *ti,
+                         int (*fn) (struct target *, struct backend *,
+                                    void *),
+                         void *data)
+{
+  struct flakey *fc = ti->private;
+
+  return fn (ti, fc->be, data);
+}
+
+const struct target_type flakey_target = {
+  .name = "flakey",
+  .version = { 1, 5, 0 },
+  .ctr = flakey_ctr,
+  .dtr = flakey_dtr,
+  .map = flakey_map,
+  .extents = flakey_extents,
+  .status = flakey_status,
+  .iterate_backends = flakey_iterate_backends,
+  .flush = flakey_flush,
+};

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The xfstests power-cut pattern on a flakey device with ext4 (through
+# nbdfuse and a loop device), switching tables live with nbdmsetup:
+#   1. flakey always up: mkfs, mount, write files and fsync them;
+#   2. replace the table with drop_writes (always down) while mounted:
+#      write more files, sync, unmount - every write is silently lost;
+#   3. replace the table with always up again and attach afresh (no
+#      cached blocks): fsck replays the journal and leaves a clean
+#      filesystem, the fsynced files are there with their data, the
+#      files written while down are not.
+# Skips (77) unless nbdmsetup is built and loop devices, ext4 and FUSE
+# work here.
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+
+: "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
+requires test -x "$NBDMSETUP"
+requires nbdkit --version
+requires nbdfuse --version
+requires fusermount3 --version
+requires test -c /dev/fuse
+requires losetup --version
+requires mkfs.ext4 -V
+requires fsck.ext4 -V
+requires sha256sum --version
+
+# Preflight, independent of the plugin: loop devices and ext4 mounts.
+truncate -s 8M "$tmpdir/pre.img"
+mkfs.ext4 -q -F "$tmpdir/pre.img" >/dev/null 2>&1 || {
+    echo "$0: skipped: mkfs.ext4 on a file fails"; exit 77; }
+mkdir "$tmpdir/pre"
+if ! preloop=$(losetup -f --show "$tmpdir/pre.img" 2>/dev/null); then
+    echo "$0: skipped: cannot attach a loop device"; exit 77
+fi
+if ! mount -t ext4 "$preloop" "$tmpdir/pre" 2>/dev/null; then
+    losetup -d "$preloop"
+    echo "$0: skipped: cannot mount ext4"; exit 77
+fi
+umount "$tmpdir/pre"
+losetup -d "$preloop"
+
+f=$(mkfile fs.img 96M)
+f=$(realpath "$f")
+len=$(( 96 * 2048 - 8 ))
+echo "0 $len flakey $f 8 1 0" > "$tmpdir/up.table"
+echo "0 $len flakey $f 8 0 1 1 drop_writes" > "$tmpdir/drop.table"
+cp "$tmpdir/up.table" "$tmpdir/dev.table"
+
+sock=$tmpdir/sock
+ctl="nbd+unix:///control?socket=$sock"
+uri="nbd+unix:///dev?socket=$sock"
+ms () { "$NBDMSETUP" -c "$ctl" "$@"; }
+mkdir "$tmpdir/fuse" "$tmpdir/mnt"
+
+# Undo everything, in reverse order; safe to repeat and never hangs on a
+# dead FUSE mount.
+detach ()
+{
+    if mountpoint -q "$tmpdir/mnt" 2>/dev/null; then
+        umount "$tmpdir/mnt" 2>/dev/null || umount -l "$tmpdir/mnt" || :
+    fi
+    if [ -s "$tmpdir/loopdev" ]; then
+        losetup -d "$(cat "$tmpdir/loopdev")" 2>/dev/null || :
+        rm -f "$tmpdir/loopdev"
+    fi
+    if grep -q " $tmpdir/fuse " /proc/mounts 2>/dev/null; then
+        fusermount3 -u "$tmpdir/fuse" 2>/dev/null ||
+            fusermount3 -u -z "$tmpdir/fuse" 2>/dev/null ||
+            umount -l "$tmpdir/fuse" 2>/dev/null || :
+    fi
+    if [ -s "$tmpdir/fusepid" ]; then
+        kill "$(cat "$tmpdir/fusepid")" 2>/dev/null || :
+        rm -f "$tmpdir/fusepid"
+    fi
+}
+stop_server ()
+{
+    if [ -s "$tmpdir/pid" ]; then
+        local p
+        p=$(cat "$tmpdir/pid")
+        kill "$p" 2>/dev/null || :
+        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        rm -f "$tmpdir/pid"
+    fi
+}
+cleanup_fn stop_server
+cleanup_fn detach
+
+# attach: nbdfuse + a fresh loop device (no blocks cached from before).
+attach ()
+{
+    nbdfuse "$tmpdir/fuse" "$uri" &
+    echo $! > "$tmpdir/fusepid"
+    for _ in $(seq 300); do
+        [ -e "$tmpdir/fuse/nbd" ] && break
+        sleep 0.1
+    done
+    [ -e "$tmpdir/fuse/nbd" ] || die "nbdfuse did not come up"
+    loop=$(losetup -f --show "$tmpdir/fuse/nbd")
+    echo "$loop" > "$tmpdir/loopdev"
+}
+
+sums () { (cd "$tmpdir/mnt" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
+
+mapper -U "$sock" -P "$tmpdir/pid" "$tmpdir/dev.table" ||
+    die "server did not start"
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+ms status dev || die "nbdmsetup cannot reach the server"
+
+# 1. Up: a filesystem with fsynced files.
+attach
+mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
+mount -t ext4 "$loop" "$tmpdir/mnt"
+mkdir "$tmpdir/mnt/kept"
+python3 - "$tmpdir/mnt/kept" <<'EOF'
+import os, random, sys
+rng = random.Random(1)
+for i in range(40):
+    p = os.path.join(sys.argv[1], "f%02d" % i)
+    with open(p, "wb") as f:
+        f.write(rng.randbytes(rng.choice([1, 4095, 4097, 70000, 1 << 20])))
+        f.flush()
+        os.fsync(f.fileno())
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.fsync(fd)
+os.close(fd)
+EOF
+sums > "$tmpdir/kept.sums"
+
+# 2. Power cut: drop every write from now on; write more, unmount.
+ms replace dev "$tmpdir/drop.table" || die "replace with drop_writes"
+ms table dev | grep -q drop_writes || die "drop_writes table not live"
+mkdir "$tmpdir/mnt/lost"
+dd if=/dev/urandom of="$tmpdir/mnt/lost/big" bs=1M count=8 status=none
+dd if=/dev/urandom of="$tmpdir/mnt/kept/f00" bs=4k count=3 conv=notrunc,fsync \
+   status=none
+rm -f "$tmpdir/mnt/kept/f01"
+sync
+umount "$tmpdir/mnt"
+detach
+
+# 3. Power back: replay, check.
+ms replace dev "$tmpdir/up.table" || die "replace with the up table"
+attach
+rc=0
+fsck.ext4 -fy "$loop" > "$tmpdir/fsck1.out" 2>&1 || rc=$?
+cat "$tmpdir/fsck1.out"
+[ $rc -le 1 ] || die "fsck.ext4 -fy could not recover (exit $rc)"
+fsck.ext4 -fn "$loop" > "$tmpdir/fsck2.out" 2>&1 ||
+    { cat "$tmpdir/fsck2.out"; die "filesystem not clean after recovery"; }
+mount -t ext4 -o ro "$loop" "$tmpdir/mnt"
+[ -e "$tmpdir/mnt/lost" ] && die "a directory made while down survived"
+sums > "$tmpdir/after.sums"
+cmp "$tmpdir/kept.sums" "$tmpdir/after.sums" ||
+    { diff "$tmpdir/kept.sums" "$tmpdir/after.sums" | head; \
+      die "fsynced files changed or lost"; }
+umount "$tmpdir/mnt"
+detach
+
+echo "$0: ok"

@@ -1,0 +1,150 @@
+/* Helpers shared by the unit tests of the delay, flakey and crypt
+ * targets: refused tables (errno, message, nothing changed, no fd
+ * leaked), accepted tables, status text, devices over a table.
+ * Include after internal.h and unit.h.
+ */
+#ifndef NBDMAPPER_UNIT_TARGETS_H
+#define NBDMAPPER_UNIT_TARGETS_H
+
+#define UT_ORIGIN "tbl"
+#define UT_SENTINEL ((struct table *) (uintptr_t) 0x5e57)
+
+/* table_parse(text) must fail with -want_errno and a message starting
+ * "tbl:LINE: TARGET: " and containing each non-NULL phrase; *out stays
+ * untouched and no descriptor leaks.
+ */
+__attribute__ ((unused))
+static void
+ut_expect_fail_at (int srcline, const char *text, int want_errno, int line,
+                   const char *target, const char *phrase1,
+                   const char *phrase2)
+{
+  struct table *t = UT_SENTINEL;
+  struct mapper_err err;
+  char prefix[256];
+  int fds = unit_count_fds ();
+  bool ok = true;
+  int r;
+
+  memset (err.msg, 'X', sizeof err.msg);
+  err.msg[sizeof err.msg - 1] = '\0';
+  r = table_parse (text, UT_ORIGIN, &t, &err);
+#define SUB(cond) do { if (!(cond)) { ok = false; \
+  fprintf (stderr, "%s:%d: failed: %s\n", __FILE__, srcline, #cond); } \
+  } while (0)
+  SUB (r == -want_errno);
+  SUB (t == UT_SENTINEL);
+  snprintf (prefix, sizeof prefix, "%s:%d: %s: ", UT_ORIGIN, line, target);
+  SUB (strncmp (err.msg, prefix, strlen (prefix)) == 0);
+  if (phrase1)
+    SUB (strstr (err.msg, phrase1) != NULL);
+  if (phrase2)
+    SUB (strstr (err.msg, phrase2) != NULL);
+  SUB (unit_count_fds () == fds);
+#undef SUB
+  if (!ok) {
+    fprintf (stderr, "    table: %s\n    got r=%d (%s), msg: %s\n", text, r,
+             r < 0 ? strerror (-r) : "success", err.msg);
+    unit_failures++;
+    if (r == 0 && t != UT_SENTINEL)
+      table_free (t);
+  }
+}
+/* UT_FAIL (errno, line, target, phrase1, phrase2, fmt, ...) */
+#define UT_FAIL(want, line, target, p1, p2, ...) do { \
+  char *_s = unit_sprintf (__VA_ARGS__); \
+  ut_expect_fail_at (__LINE__, _s, want, line, target, p1, p2); \
+  free (_s); } while (0)
+
+/* Parse a table that must be accepted; NULL (counted as a failure) if
+ * not.
+ */
+__attribute__ ((unused, format (printf, 2, 3)))
+static struct table *
+ut_parse_at (int srcline, const char *fmt, ...)
+{
+  struct mapper_err err = { "" };
+  struct table *t = NULL;
+  va_list ap;
+  char *text;
+  int r;
+
+  va_start (ap, fmt);
+  if (vasprintf (&text, fmt, ap) == -1)
+    UNIT_FATAL ("out of memory");
+  va_end (ap);
+  r = table_parse (text, UT_ORIGIN, &t, &err);
+  if (r != 0) {
+    fprintf (stderr, "%s:%d: table refused: %s\n    table: %s\n", __FILE__,
+             srcline, err.msg, text);
+    unit_failures++;
+    t = NULL;
+  }
+  free (text);
+  return t;
+}
+#define ut_parse(...) ut_parse_at (__LINE__, __VA_ARGS__)
+
+/* The status of target i (a static buffer). */
+__attribute__ ((unused))
+static const char *
+ut_status (struct table *t, size_t i, enum status_type type)
+{
+  static char buf[4096];
+  struct target *ti = &t->targets[i];
+  size_t n = ti->type->status (ti, type, buf, sizeof buf);
+
+  if (n >= sizeof buf)
+    UNIT_FATAL ("status too long");
+  return buf;
+}
+
+/* The table's dmsetup table text must be want (a whole table). */
+__attribute__ ((unused))
+static void
+ut_check_format_at (int srcline, struct table *t, const char *want)
+{
+  char buf[8192];
+
+  table_format (t, buf, sizeof buf);
+  if (strcmp (buf, want) != 0) {
+    fprintf (stderr, "%s:%d: table_format:\n    got:  %s    want: %s",
+             __FILE__, srcline, buf, want);
+    unit_failures++;
+  }
+}
+#define ut_check_format(t, want) ut_check_format_at (__LINE__, t, want)
+
+/* A live device named name over table t (taken). */
+__attribute__ ((unused))
+static struct device *
+ut_device (const char *name, struct table *t)
+{
+  struct mapper_err err = { "" };
+  struct device *dev;
+
+  if (t == NULL)
+    UNIT_FATAL ("%s: no table", name);
+  if (device_create (name, &dev, &err) < 0)
+    UNIT_FATAL ("device_create %s: %s", name, err.msg);
+  device_load (dev, t);
+  if (device_resume (dev, &err) < 0)
+    UNIT_FATAL ("device_resume %s: %s", name, err.msg);
+  return dev;
+}
+
+/* Read size bytes at off of path into a malloc'd buffer. */
+__attribute__ ((unused))
+static unsigned char *
+ut_read_at (const char *path, uint64_t off, size_t size)
+{
+  unsigned char *buf = malloc (size ? size : 1);
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
+
+  if (buf == NULL || fd == -1 || pread (fd, buf, size, off) != (ssize_t) size)
+    UNIT_FATAL ("read %s: %s", path, strerror (errno));
+  close (fd);
+  return buf;
+}
+
+#endif
