@@ -23,6 +23,7 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&registry_lock);
   CLEANUP_FREE char *canonical = NULL;
   CLEANUP_FREE char *key = NULL;
+  enum { KIND_DEVICE, KIND_NBD, KIND_FILE } kind;
   struct backend *be;
   struct stat st;
   int r;
@@ -31,38 +32,41 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
     mapper_err_set (err, "empty device path");
     return -EINVAL;
   }
-  /* Another device of this server (stacking): keyed by its name. */
+
+  /* The identity of what spec names: one backend per identity. */
   if (strncmp (spec, DEVICE_BACKEND_PREFIX,
                strlen (DEVICE_BACKEND_PREFIX)) == 0) {
+    /* Another device of this server (stacking): keyed by its name. */
+    kind = KIND_DEVICE;
     key = strdup (spec);
     if (key == NULL) {
       mapper_err_set (err, "out of memory");
       return -ENOMEM;
     }
-    for (be = registry; be; be = be->next)
-      if (strcmp (be->key, key) == 0) {
-        be->refs++;
-        *out = be;
-        return 0;
-      }
-    r = device_backend_open (spec, &be, err);
-    if (r < 0)
+  }
+  else if (nbd_backend_is_uri (spec)) {
+    /* Remote: the same normalised URI is the same backend. */
+    kind = KIND_NBD;
+    if ((r = nbd_backend_normalize (spec, &key, err)) < 0)
       return r;
-    goto add;
   }
-  /* Local files are the same backend when they are the same inode, by
-   * whatever path (symlink, hard link, another device node).
-   */
-  canonical = realpath (spec, NULL);
-  if (canonical == NULL || stat (canonical, &st) == -1) {
-    r = -errno;
-    mapper_err_set (err, "%s: %s", spec, mapper_strerror (errno));
-    return r;
+  else {
+    /* Local files are the same backend when they are the same inode, by
+     * whatever path (symlink, hard link, another device node).
+     */
+    kind = KIND_FILE;
+    canonical = realpath (spec, NULL);
+    if (canonical == NULL || stat (canonical, &st) == -1) {
+      r = -errno;
+      mapper_err_set (err, "%s: %s", spec, mapper_strerror (errno));
+      return r;
+    }
+    if ((r = file_backend_key (&st, &key)) < 0) {
+      mapper_err_set (err, "%s: not a regular file or block device", spec);
+      return r;
+    }
   }
-  if ((r = file_backend_key (&st, &key)) < 0) {
-    mapper_err_set (err, "%s: not a regular file or block device", spec);
-    return r;
-  }
+
   for (be = registry; be; be = be->next)
     if (strcmp (be->key, key) == 0) {
       be->refs++;
@@ -70,10 +74,14 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
       return 0;
     }
 
-  r = file_backend_open (spec, canonical, &st, &be, err);
+  switch (kind) {
+  case KIND_DEVICE: r = device_backend_open (spec, &be, err); break;
+  case KIND_NBD: r = nbd_backend_open (key, &be, err); break;
+  case KIND_FILE: r = file_backend_open (spec, canonical, &st, &be, err);
+    break;
+  }
   if (r < 0)
     return r;
- add:
   be->key = key;
   key = NULL;
   backend_flush_init (be);

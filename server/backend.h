@@ -18,8 +18,13 @@ struct clone;
 struct backend;
 
 struct backend_ops {
-  const char *kind;                       /* "file" */
+  const char *kind;                       /* "file", "nbd" */
   void (*submit) (struct backend *be, struct clone *c);
+  /* Optional: the backend completes in the I/O loop (ioloop.c).  submit()
+   * queues the clone with ioloop_submit(); start() is then called in the
+   * loop thread.  io_req_run queues such clones first, as one batch.
+   */
+  void (*start) (struct backend *be, struct clone *c);
   /* Extents of [offset, offset+len) in backend coordinates, reported
    * through fn in ascending, contiguous order.  Return 0 or -errno.
    */
@@ -29,6 +34,10 @@ struct backend_ops {
    * it at load (a file may have grown or shrunk since it was opened).
    */
   int (*get_size) (struct backend *be, uint64_t *size);
+  /* Optional: the backend's state as one line of text (connections...);
+   * returns bytes needed (snprintf style).
+   */
+  size_t (*status) (struct backend *be, char *buf, size_t len);
   void (*close) (struct backend *be);
 };
 
@@ -57,6 +66,8 @@ struct backend {
   uint64_t failed_seq;          /* number of the last failed flush */
   uint64_t flushed_gen;         /* covered by the last good flush */
   bool lost_writes;             /* fail the next flush with EIO, once */
+  uint64_t lost_seq;            /* flushes up to this one were running
+                                   when writes were lost: they fail */
   uint64_t nr_flushes;          /* flushes sent to the backend */
 };
 
@@ -87,5 +98,11 @@ int device_backend_open (const char *spec, struct backend **out,
                          struct mapper_err *err);
 /* The device behind a device backend, or NULL for other kinds. */
 struct device *device_backend_device (const struct backend *be);
+/* backends/nbd.c: remote NBD servers, keyed by normalised URI. */
+bool nbd_backend_is_uri (const char *spec);
+int nbd_backend_normalize (const char *spec, char **uri,
+                           struct mapper_err *err);
+int nbd_backend_open (const char *uri, struct backend **out,
+                      struct mapper_err *err);
 
 #endif /* NBDMAPPER_BACKEND_H */

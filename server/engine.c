@@ -28,16 +28,25 @@ mapper_version (void)
 int
 engine_start (struct mapper_err *err)
 {
-  /* Local backends complete inline; the mirror resync worker starts
-   * now if a live mirror needs it, else lazily when one does.
+  int r;
+
+  /* The I/O loop owning remote connections (an idle thread until a
+   * table names a remote backend), then the mirror resync worker: now if
+   * a live mirror needs it, else lazily when one does.  Local backends
+   * complete inline.
    */
-  return mirror_resync_start (err);
+  if ((r = ioloop_start (err)) < 0)
+    return r;
+  if ((r = mirror_resync_start (err)) < 0)
+    ioloop_stop ();
+  return r;
 }
 
 void
 engine_stop (void)
 {
   mirror_resync_stop ();
+  ioloop_stop ();
 }
 
 void

@@ -71,6 +71,13 @@ const char *mapper_version (void);
 int engine_start (struct mapper_err *err);
 void engine_stop (void);
 
+/* backends/nbd.c: remote backends opened from now on use up to
+ * connections connections each when the server allows multi-conn
+ * (default 4), and fail a request with EIO when it could not be done
+ * within timeout seconds (default 30).  0 keeps the current value.
+ */
+void engine_set_remote (unsigned connections, unsigned timeout);
+
 /* table.c */
 int table_parse (const char *text, const char *origin,
                  struct table **out, struct mapper_err *err);

@@ -31,6 +31,7 @@ backend_flush_init (struct backend *be)
   be->running_gen = be->running_seq = be->done_seq = be->failed_seq = 0;
   be->flushed_gen = 0;
   be->lost_writes = false;
+  be->lost_seq = 0;
   be->nr_flushes = 0;
 }
 
@@ -49,6 +50,11 @@ backend_writes_lost (struct backend *be)
   if (be->flush_running ||
       atomic_load (&be->write_gen) != be->flushed_gen)
     be->lost_writes = true;
+  /* The running flush may have been sent after the loss (retried on a
+   * new connection): its success would say nothing about the lost writes.
+   */
+  if (be->flush_running)
+    be->lost_seq = be->running_seq;
 }
 
 /* Called when a write-type clone completes (clone_done). */
@@ -61,13 +67,15 @@ flush_note_write (struct clone *c)
   atomic_fetch_add (&c->be->write_gen, 1);
 }
 
-/* Called when a flush clone completes (clone_done). */
-void
+/* Called when a flush clone completes (clone_done); its result. */
+int
 flush_end (struct backend *be, uint64_t seq, int error)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&be->flush_lock);
 
   assert (be->flush_running && be->running_seq == seq);
+  if (error == 0 && seq <= be->lost_seq)
+    error = -EIO;
   be->flush_running = false;
   be->done_seq = seq;
   if (error) {
@@ -77,6 +85,7 @@ flush_end (struct backend *be, uint64_t seq, int error)
   else if (be->running_gen > be->flushed_gen)
     be->flushed_gen = be->running_gen;
   pthread_cond_broadcast (&be->flush_cond);
+  return error;
 }
 
 enum flush_plan {

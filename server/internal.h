@@ -46,6 +46,7 @@ struct clone {
   void *end_io_ctx;
   uint64_t end_io_arg;
   struct clone *retry_next;     /* io_req.retry list */
+  struct clone *qnext;          /* the I/O loop's submission queue */
 };
 
 /* A request in flight: lives on the submitting worker's stack.  Clone
@@ -75,6 +76,29 @@ void mirror_resync_stop (void);
 /* engine.c */
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
+
+/* ioloop.c: the thread owning every remote connection. */
+struct ioloop_job {
+  struct ioloop_job *next;
+  /* Runs in the loop thread; error is -ESHUTDOWN if the loop stopped
+   * (or could not start) before running it.
+   */
+  void (*fn) (struct ioloop_job *job, int error);
+};
+int ioloop_start (struct mapper_err *err);
+void ioloop_stop (void);
+/* ops->submit of a loop backend: queue c; start() runs in the loop. */
+void ioloop_submit (struct backend *be, struct clone *c);
+/* Between these, ioloop_submit only queues; _end wakes the loop once. */
+void ioloop_batch_begin (void);
+void ioloop_batch_end (void);
+void ioloop_queue_job (struct ioloop_job *job);
+/* Run fn(arg) in the loop thread and wait; inline if no loop runs. */
+void ioloop_call (void (*fn) (void *arg), void *arg);
+/* For backends, in the loop thread. */
+struct ev_loop *ioloop_ev (void);
+unsigned ioloop_generation (void);
+bool ioloop_in_loop_thread (void);
 
 /* io.c */
 void clone_done (struct clone *c, int error);  /* error: 0 or -errno */
@@ -113,7 +137,10 @@ int io_flush_backends (struct backend *const *bes, size_t n);
 /* The same, with each backend's own result in errs[0..n) (0 or -errno). */
 int io_flush_backends_each (struct backend *const *bes, size_t n, int *errs);
 void flush_note_write (struct clone *c);
-void flush_end (struct backend *be, uint64_t seq, int error);
+/* Returns the flush's result: error, or -EIO if writes were lost while
+ * it ran.
+ */
+int flush_end (struct backend *be, uint64_t seq, int error);
 
 /* table.c */
 DEFINE_VECTOR_TYPE (backend_vector, struct backend *);

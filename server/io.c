@@ -197,7 +197,7 @@ clone_done (struct clone *c, int error)
     break;
   case IO_FLUSH:
     if (c->seq)
-      flush_end (c->be, c->seq, error);
+      seen = flush_end (c->be, c->seq, error);
     break;
   case IO_READ:
     break;
@@ -220,10 +220,24 @@ io_req_run (struct io_req *req)
 {
   int v;
 
+  /* Remote clones first: queued to the I/O loop as one batch with one
+   * wake-up, they are under way while the local ones complete inline.
+   */
+  ioloop_batch_begin ();
   for (size_t i = 0; i < req->nr; i++) {
     struct clone *c = &req->clones[i];
-    atomic_fetch_add (&req->pending, 1);
-    c->be->ops->submit (c->be, c);
+    if (c->be->ops->start) {
+      atomic_fetch_add (&req->pending, 1);
+      c->be->ops->submit (c->be, c);
+    }
+  }
+  ioloop_batch_end ();
+  for (size_t i = 0; i < req->nr; i++) {
+    struct clone *c = &req->clones[i];
+    if (!c->be->ops->start) {
+      atomic_fetch_add (&req->pending, 1);
+      c->be->ops->submit (c->be, c);
+    }
   }
   if (atomic_fetch_sub (&req->pending, 1) != 1)
     while ((v = atomic_load (&req->pending)) != 0) {

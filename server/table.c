@@ -100,6 +100,15 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
     backend_put (be);
     return -EINVAL;
   }
+  if (((start | len) & (be->caps.block_min - 1)) != 0) {
+    mapper_err_set (err, "%s: area (offset %" PRIu64 " + length %" PRIu64
+                    " sectors) not aligned to the device's minimum block "
+                    "size (%" PRIu32 " bytes)", spec,
+                    start >> MAPPER_SECTOR_SHIFT, len >> MAPPER_SECTOR_SHIFT,
+                    be->caps.block_min);
+    backend_put (be);
+    return -EINVAL;
+  }
   /* The table keeps one reference per distinct backend. */
   for (i = 0; i < t->backends.len; i++)
     if (t->backends.ptr[i] == be) {
@@ -135,7 +144,13 @@ table_merge_caps (struct table *t)
   for (size_t i = 0; i < t->backends.len; i++) {
     const struct mapper_caps *b = &t->backends.ptr[i]->caps;
     c->can_write &= b->can_write;
+    c->can_flush &= b->can_flush;
+    c->can_trim &= b->can_trim;
+    c->can_zero &= b->can_zero;
+    c->can_fast_zero &= b->can_fast_zero;
+    c->can_extents &= b->can_extents;
     c->can_multi_conn &= b->can_multi_conn;
+    c->block_min = MAX (c->block_min, b->block_min);
     c->block_pref = MAX (c->block_pref, b->block_pref);
   }
 }

@@ -23,4 +23,11 @@ SHELL_TESTS = \
 	test-flakey.sh \
 	test-flakey-ext4.sh \
 	test-crypt.sh \
+	test-remote-basic.sh \
+	test-remote-striped.sh \
+	test-remote-reconnect.sh \
+	test-remote-timeout.sh \
+	test-remote-tls.sh \
+	test-remote-caps.sh \
+	test-remote-flush.sh \
 	test-list-exports-limit.sh

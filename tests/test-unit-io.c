@@ -954,7 +954,8 @@ struct reader {
   struct device *dev;
   const unsigned char *want;
   _Atomic bool stop;
-  unsigned errors, reads;
+  unsigned errors;
+  _Atomic unsigned reads;
 };
 
 static void *
@@ -1061,6 +1062,11 @@ test_suspend_resume (void)
         usleep (100);
       CHECK (device_resume (dev, &err) == 0);
     }
+    /* On a loaded machine the reader may not have run yet: let it read
+     * before stopping it, so the check below means something.
+     */
+    while (atomic_load (&rd.reads) == 0)
+      usleep (1000);
     atomic_store (&rd.stop, true);
     pthread_join (th, NULL);
     CHECKF (rd.reads > 0, "reader made no progress");

@@ -106,9 +106,24 @@ add_table_dir (const char *dir)
 
 static bool have_tables_dir;
 
+/* remote-connections=N, remote-timeout=SECONDS: N in [1, max]. */
+static int
+parse_remote (const char *key, const char *value, unsigned max,
+              unsigned *out)
+{
+  if (nbdkit_parse_unsigned (key, value, out) == -1)
+    return -1;
+  if (*out < 1 || *out > max) {
+    nbdkit_error ("%s=%s: must be between 1 and %u", key, value, max);
+    return -1;
+  }
+  return 0;
+}
+
 static int
 mapper_config (const char *key, const char *value)
 {
+  unsigned n;
   int r;
 
   if (strcmp (key, "table") == 0)
@@ -118,6 +133,18 @@ mapper_config (const char *key, const char *value)
     have_tables_dir = true;
     control_set_tables_dir (value);
     return add_table_dir (value);
+  }
+  if (strcmp (key, "remote-connections") == 0) {
+    if (parse_remote (key, value, 64, &n) == -1)
+      return -1;
+    engine_set_remote (n, 0);
+    return 0;
+  }
+  if (strcmp (key, "remote-timeout") == 0) {
+    if (parse_remote (key, value, 86400, &n) == -1)
+      return -1;
+    engine_set_remote (0, n);
+    return 0;
   }
   if ((r = control_config (key, value)) != 0)
     return r == 1 ? 0 : -1;
@@ -309,6 +336,7 @@ mapper_dump_plugin (void)
   for (size_t i = 0; i < target_type_count (); i++)
     printf ("%s%s", i ? " " : "", target_type_info (i, NULL));
   printf ("\n");
+  printf ("mapper_backends=file nbd nbds nbd+unix nbds+unix mapper\n");
   if (nbd)
     nbd_close (nbd);
 }
@@ -319,6 +347,11 @@ mapper_dump_plugin (void)
   "                    one is also the default export.\n" \
   "tables=DIR          Every *.table file in DIR is a device; changes made\n" \
   "                    through the control export are saved there.\n" \
+  "remote-connections=N  Connections per remote (NBD URI) backend when\n" \
+  "                    the server allows multi-conn (default 4).\n" \
+  "remote-timeout=SECONDS  A remote request not done by then (retries\n" \
+  "                    after reconnecting included) fails with EIO\n" \
+  "                    (default 30).\n" \
   "In a table, mapper:NAME names another device of this server\n" \
   "(stacking, in process, in any file order; no cycles).\n" \
   control_config_help
@@ -620,7 +653,8 @@ static struct nbdkit_plugin plugin = {
   .longname           = "nbdmapper: device-mapper for the network",
   .version            = PACKAGE_VERSION,
   .description        = "Serves named block devices defined by dm-style "
-                        "tables over local files and block devices.",
+                        "tables over local files, block devices and "
+                        "remote NBD servers.",
   .magic_config_key   = "table",
   .config             = mapper_config,
   .config_help        = mapper_config_help,

@@ -1,0 +1,56 @@
+# Sourced by the remote-backend tests after functions.sh: captive NBD
+# servers on Unix sockets or 127.0.0.1, killed at exit.
+
+# backend NAME ARGS...: start "nbdkit ARGS" on $tmpdir/NAME.sock (in the
+# background, pid in $tmpdir/NAME.pid), wait until it listens.
+backend ()
+{
+    local name=$1; shift
+    rm -f "$tmpdir/$name.sock" "$tmpdir/$name.pid"
+    nbdkit -U "$tmpdir/$name.sock" -P "$tmpdir/$name.pid" "$@" ||
+        die "backend $name: nbdkit $* failed"
+    cleanup_fn "kill_backend $name"
+    wait_file "$tmpdir/$name.pid"
+}
+
+# backend_tcp NAME PORT ARGS...: the same on 127.0.0.1:PORT.
+backend_tcp ()
+{
+    local name=$1 port=$2; shift 2
+    rm -f "$tmpdir/$name.pid"
+    nbdkit --ipaddr 127.0.0.1 -p "$port" -P "$tmpdir/$name.pid" "$@" ||
+        die "backend $name: nbdkit $* failed"
+    cleanup_fn "kill_backend $name"
+    wait_file "$tmpdir/$name.pid"
+}
+
+# kill_backend NAME [SIGNAL]: stop it (and wait until it is gone).
+kill_backend ()
+{
+    local pid i
+    [ -f "$tmpdir/$1.pid" ] || return 0
+    pid=$(cat "$tmpdir/$1.pid")
+    rm -f "$tmpdir/$1.pid"
+    kill "-${2:-TERM}" "$pid" 2>/dev/null || return 0
+    for (( i = 0; i < 100; i++ )); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+}
+
+wait_file ()
+{
+    local i
+    for (( i = 0; i < 100; i++ )); do
+        [ -s "$1" ] && return 0
+        sleep 0.1
+    done
+    die "timed out waiting for $1"
+}
+
+# free_port: a TCP port on 127.0.0.1 that nothing listens on right now.
+free_port ()
+{
+    python3 -c 'import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}

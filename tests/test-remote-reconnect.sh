@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# A file-backed remote backend killed with SIGKILL in the middle of a
+# verified fio run and restarted within remote-timeout: the run finishes
+# with no error (requests are retried on the new connections).  Then the
+# flush rule: writes acknowledged but not flushed when the connection was
+# lost make the next flush fail with EIO, once.
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+source "$top_srcdir/tests/remote-functions.sh"
+
+requires nbdkit --version
+requires python3 -c 'import nbd'
+requires fio --version
+requires sh -c 'fio --enghelp=nbd 2>&1 | grep -q uri'
+
+f=$(mkfile r.img 16M)
+backend r file "$f"
+echo "0 32768 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
+
+cat > "$tmpdir/run.sh" <<'EOF'
+set -e
+tmpdir=$1 uri=$2 f=$3
+cd "$tmpdir"
+# About 3 s of rate-limited verified writes, then the verify pass.
+fio --name=kill --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k \
+    --size=16M --io_size=8M --iodepth=16 --rate_iops=700 \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
+    > "$tmpdir/fio.out" 2>&1 &
+fio=$!
+sleep 1
+kill -9 "$(cat "$tmpdir/r.pid")"
+sleep 1
+rm -f "$tmpdir/r.sock"
+nbdkit -U "$tmpdir/r.sock" -P "$tmpdir/r.pid" file "$f"
+wait $fio || { cat "$tmpdir/fio.out"; exit 1; }
+if grep -Ei 'verify.*(fail|bad)|bad magic|err= *[1-9]' "$tmpdir/fio.out"; then
+    cat "$tmpdir/fio.out"; exit 1
+fi
+grep -E 'WRITE:' "$tmpdir/fio.out"
+
+# Unflushed writes, then the connections are lost: the next flush fails
+# with EIO, the one after succeeds, and the data is readable.
+python3 - "$uri" "$tmpdir" "$f" <<'PYEOF'
+import errno, os, signal, subprocess, sys, time
+import nbd
+uri, d, f = sys.argv[1:4]
+h = nbd.NBD()
+h.connect_uri(uri)
+def flush_fails():
+    try:
+        h.flush()
+    except nbd.Error as e:
+        assert e.errnum == errno.EIO, e
+        return True
+    return False
+# fio's writes were not flushed when its backend was killed.
+assert flush_fails(), "first flush after the fio run succeeded"
+h.flush()
+h.pwrite(b"A" * 4096, 0)
+pid = int(open(d + "/r.pid").read())
+os.kill(pid, signal.SIGKILL)
+while True:                     # until the kernel has reaped it
+    try:
+        os.kill(pid, 0)
+        time.sleep(0.05)
+    except ProcessLookupError:
+        break
+    if open("/proc/%d/stat" % pid).read().split()[2] == "Z":
+        break
+os.unlink(d + "/r.sock")
+subprocess.check_call(["nbdkit", "-U", d + "/r.sock", "-P", d + "/r.pid",
+                       "file", f])
+assert h.pread(4096, 0) == b"A" * 4096      # retried on a new connection
+assert flush_fails(), "flush after a lost connection succeeded"
+h.flush()                                   # once only
+h.pwrite(b"B" * 4096, 4096)
+h.flush()
+h.shutdown()
+print("flush after lost writes: EIO once")
+PYEOF
+EOF
+
+mapper -U - remote-timeout=20 "$tmpdir/d.table" \
+       --run "bash '$tmpdir/run.sh' '$tmpdir' \"\$uri\" '$f'" ||
+    die "reconnect"
+echo "$0: ok"

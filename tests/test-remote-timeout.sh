@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# remote-timeout=3: a backend that is gone for good fails requests with
+# EIO (after the timeout, then at once while it stays down) while the
+# server and its other devices keep working; a stalled server (every read
+# delayed 20 s) fails the read with EIO instead of hanging the worker, and
+# the backend keeps serving writes on a fresh connection.
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+source "$top_srcdir/tests/remote-functions.sh"
+
+requires nbdkit --version
+requires python3 -c 'import nbd'
+requires nbdkit --filter=delay null --version
+
+backend gone memory 1M
+backend slow --filter=delay memory 1M delay-read=20
+l=$(mkfile local.img 1M)
+echo "0 2048 linear nbd+unix:///?socket=$tmpdir/gone.sock 0" > "$tmpdir/gone.table"
+echo "0 2048 linear nbd+unix:///?socket=$tmpdir/slow.sock 0" > "$tmpdir/slow.table"
+echo "0 2048 linear $l 0" > "$tmpdir/local.table"
+
+cat > "$tmpdir/timeout.py" <<'EOF'
+import errno, os, signal, sys, time
+import nbd
+sock, d = sys.argv[1:3]
+def conn(name):
+    h = nbd.NBD()
+    h.connect_uri("nbd+unix:///%s?socket=%s" % (name, sock))
+    return h
+gone, slow, local = conn("gone"), conn("slow"), conn("local")
+def fails_eio(f, *args):
+    try:
+        f(*args)
+    except nbd.Error as e:
+        assert e.errnum == errno.EIO, e
+        return True
+    return False
+
+gone.pwrite(b"g" * 512, 0)
+local.pwrite(b"l" * 512, 0)
+os.kill(int(open(d + "/gone.pid").read()), signal.SIGKILL)
+t = time.monotonic()
+assert fails_eio(gone.pread, 512, 0), "read from a dead backend worked"
+print("dead backend: EIO after %.1fs" % (time.monotonic() - t))
+assert local.pread(512, 0) == b"l" * 512      # the rest still works
+t = time.monotonic()
+assert fails_eio(gone.pwrite, b"x" * 512, 512)
+print("still dead: EIO after %.1fs" % (time.monotonic() - t))
+
+# Stalled: the read waits 20 s at the server; ours gives up first.
+slow.pwrite(b"s" * 512, 0)
+t = time.monotonic()
+assert fails_eio(slow.pread, 512, 0), "stalled read did not fail"
+print("stalled read: EIO after %.1fs" % (time.monotonic() - t))
+slow.pwrite(b"t" * 512, 512)                  # a new connection serves it
+local.pwrite(b"m" * 512, 512)
+assert local.pread(1024, 0) == b"l" * 512 + b"m" * 512
+for h in (gone, slow, local):
+    h.shutdown()
+print("timeout.py: ok")
+EOF
+
+mapper -U - remote-timeout=3 "$tmpdir/gone.table" "$tmpdir/slow.table" \
+       "$tmpdir/local.table" \
+       --run "python3 '$tmpdir/timeout.py' \"\$unixsocket\" '$tmpdir'" ||
+    die "remote timeouts"
+echo "$0: ok"

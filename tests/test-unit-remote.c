@@ -1,0 +1,157 @@
+/* Remote backends through the engine API, without engine_start: the I/O
+ * loop starts at the first remote request, and again after engine_stop
+ * (the backend's connections are adopted by the new loop).  URI
+ * normalisation: spellings of one export are one key, bad URIs are
+ * refused with a message.  Needs nbdkit (skips otherwise).
+ */
+#include <config.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "internal.h"
+#include "unit.h"
+
+static pid_t server;
+
+static void
+stop_server (void)
+{
+  if (server > 0) {
+    kill (server, SIGTERM);
+    waitpid (server, NULL, 0);
+    server = 0;
+  }
+}
+
+static void
+check_key (const char *spec, const char *want)
+{
+  struct mapper_err err = { "" };
+  char *key = NULL;
+  int r = nbd_backend_normalize (spec, &key, &err);
+
+  CHECKF (r == 0 && key && strcmp (key, want) == 0, "%s -> %s (%s), want %s",
+          spec, key ? key : "NULL", err.msg, want);
+  free (key);
+}
+
+static void
+check_bad (const char *spec, const char *msg)
+{
+  struct mapper_err err = { "" };
+  char *key = NULL;
+  int r = nbd_backend_normalize (spec, &key, &err);
+
+  CHECKF (r == -EINVAL && strstr (err.msg, msg), "%s: r=%d '%s'", spec, r,
+          err.msg);
+  free (key);
+}
+
+static void
+test_normalize (void)
+{
+  char cwd[4096];
+  char *want;
+
+  CHECK (nbd_backend_is_uri ("nbd://h"));
+  CHECK (nbd_backend_is_uri ("NBDS+UNIX:///?socket=x"));
+  CHECK (!nbd_backend_is_uri ("/dev/nbd0"));
+  CHECK (!nbd_backend_is_uri ("nbd+vsock://1"));
+  check_key ("nbd://Host.Example:10809", "nbd://host.example/");
+  check_key ("NBD://host:10810/exp", "nbd://host:10810/exp");
+  check_key ("nbds://alice@[::1]:10809/e?tls-certificates=/etc/pki",
+             "nbds://alice@[::1]/e?tls-certificates=/etc/pki");
+  check_key ("nbd+unix:///e?tls-x=1&socket=/no/such/s&",
+             "nbd+unix:///e?socket=/no/such/s&tls-x=1");
+  check_key ("nbd+unix://?socket=/a%20b", "nbd+unix:///?socket=/a%20b");
+  CHECK (getcwd (cwd, sizeof cwd) != NULL);
+  want = unit_sprintf ("nbds+unix://bob@/?socket=%s/rel.sock", cwd);
+  check_key ("nbds+unix://bob@/?socket=rel.sock", want);
+  free (want);
+  check_bad ("nbd+unix:///", "needs ?socket=PATH");
+  check_bad ("nbd+unix://h/?socket=/s", "takes no host");
+  check_bad ("nbd:///", "needs a host");
+  check_bad ("nbd://h/#x", "fragment");
+  check_bad ("nbd+unix:///?socket=%4", "bad or empty value");
+  check_bad ("nbd+unix:///?socket=", "bad or empty value");
+}
+
+static void
+test_io (const char *sock)
+{
+  struct mapper_err err = { "" };
+  struct table *t;
+  struct device *dev;
+  char *text = unit_sprintf ("0 2048 linear nbd+unix:///?socket=%s 0\n"
+                             "2048 2048 zero\n", sock);
+  static char buf[65536], back[65536];
+  int r;
+
+  r = table_parse (text, "remote", &t, &err);
+  free (text);
+  if (r != 0)
+    UNIT_FATAL ("table_parse: %s", err.msg);
+  CHECK_EQ (table_caps (t)->size, 4096 * 512);
+  CHECK (table_caps (t)->can_write && table_caps (t)->can_multi_conn);
+  if (device_create ("remote", &dev, &err) != 0)
+    UNIT_FATAL ("device_create: %s", err.msg);
+  CHECK (device_load (dev, t) == 0);
+  if (device_resume (dev, &err) != 0)
+    UNIT_FATAL ("device_resume: %s", err.msg);
+
+  for (int round = 0; round < 2; round++) {
+    unit_fill (buf, sizeof buf, round + 1, 0);
+    /* Across the remote | zero edge: the zero target is read-only data. */
+    CHECK_EQ (device_pwrite (dev, buf, sizeof buf, 1048576 - 65536, 0), 0);
+    CHECK_EQ (device_pread (dev, back, sizeof back, 1048576 - 65536, 0), 0);
+    CHECK (memcmp (buf, back, sizeof buf) == 0);
+    CHECK_EQ (device_flush (dev, 0), 0);
+    CHECK_EQ (device_zero (dev, 4096, 1048576 - 4096, MAPPER_FUA), 0);
+    CHECK_EQ (device_pread (dev, back, 4096, 1048576 - 4096, 0), 0);
+    CHECK (unit_is_zero (back, 4096));
+    CHECK_EQ (device_trim (dev, 8192, 0, 0), 0);
+    CHECK_EQ (device_pread (dev, back, 8192, 1048576 + 100, 0), 0);
+    CHECK (unit_is_zero (back, 8192));
+    /* The loop goes; the next request starts a new one, which adopts
+     * the backend's connections.
+     */
+    engine_stop ();
+  }
+  device_destroy (dev);
+}
+
+int
+main (void)
+{
+  const char *sock = unit_path ("m.sock");
+  const char *pidf = unit_path ("m.pid");
+  char *cmd;
+
+  test_normalize ();
+
+  if (system ("nbdkit --version >/dev/null 2>&1") != 0) {
+    printf ("%s: skipped: no nbdkit\n", __FILE__);
+    return unit_failures ? 1 : 77;
+  }
+  cmd = unit_sprintf ("nbdkit -U %s -P %s memory 1M", sock, pidf);
+  if (system (cmd) != 0)
+    UNIT_FATAL ("%s failed", cmd);
+  free (cmd);
+  /* The daemon writes its pid file after system() has returned. */
+  for (int i = 0; i < 100 && server <= 0; i++) {
+    size_t n;
+    char *p = unit_read_file (pidf, &n);
+    if (p && n > 0 && p[n - 1] == '\n')
+      server = atoi (p);
+    free (p);
+    if (server <= 0)
+      usleep (100000);
+  }
+  if (server <= 0)
+    UNIT_FATAL ("%s: no pid", pidf);
+  atexit (stop_server);
+  test_io (sock);
+  stop_server ();
+  UNIT_EXIT ();
+}
