@@ -193,6 +193,8 @@ struct device {
   bool removed;                 /* out of the registry (also under lock) */
   char **old_names;
   size_t nr_old_names;
+  /* The registry's hash chains (device.c), under devices_lock. */
+  struct device *name_next, *uuid_next;
 };
 /* Enter/exit the live table for a request (blocks while suspended). */
 struct table *device_enter (struct device *dev);

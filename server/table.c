@@ -305,9 +305,21 @@ table_parse (const char *text, const char *origin, struct table **out,
     r = -EINVAL;
     goto err;
   }
-  t->targets = targets.ptr;
+  /* Immutable from here: give back the vectors' growth room (a one-target
+   * table would keep room for four; 10,000 idle devices pay for it).
+   */
+  t->targets = realloc (targets.ptr, targets.len * sizeof *targets.ptr)
+    ? : targets.ptr;
   t->nr_targets = targets.len;
   targets = (target_vector) empty_vector;
+  if (t->backends.len > 0 && t->backends.len < t->backends.cap) {
+    struct backend **p = realloc (t->backends.ptr,
+                                  t->backends.len * sizeof *p);
+    if (p) {
+      t->backends.ptr = p;
+      t->backends.cap = t->backends.len;
+    }
+  }
   t->ends = malloc (t->nr_targets * sizeof *t->ends);
   if (t->ends == NULL) {
     mapper_err_set (err, "%s: out of memory", origin);

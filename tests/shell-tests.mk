@@ -29,4 +29,5 @@ SHELL_TESTS = \
 	test-remote-timeout.sh \
 	test-remote-tls.sh \
 	test-remote-caps.sh \
-	test-remote-flush.sh
+	test-remote-flush.sh \
+	test-list-exports-limit.sh

@@ -149,6 +149,53 @@ main (void)
   CHECK (device_get ("e") == NULL);
   CHECK_EQ (device_count (), 0);
 
+  /* The name and uuid indexes, past several rehashes: every device is
+   * found by name, renames move the key, uuids stay unique, and removal
+   * in any order leaves nothing behind.
+   */
+  {
+    enum { N = 3000 };
+    static struct device *devs[N];
+    char name[64], uuid[64];
+
+    for (int i = 0; i < N; i++) {
+      snprintf (name, sizeof name, "scale-%d", i);
+      CHECK_EQ (device_create (name, &devs[i], &err), 0);
+      if (i % 3 == 0) {
+        snprintf (uuid, sizeof uuid, "UUID-%d", i);
+        CHECK_EQ (device_set_uuid (devs[i], uuid, &err), 0);
+      }
+    }
+    CHECK_EQ (device_count (), N);
+    CHECK_EQ (device_create ("scale-1234", &dev, &err), -EEXIST);
+    CHECK_EQ (device_set_uuid (devs[1], "UUID-3", &err), -EEXIST);
+    CHECK_EQ (device_set_uuid (devs[3], "UUID-3", &err), 0);   /* same */
+    CHECK_EQ (device_set_uuid (devs[3], "UUID-new", &err), 0);
+    CHECK_EQ (device_set_uuid (devs[1], "UUID-3", &err), 0);   /* freed */
+    CHECK_EQ (device_rename (devs[7], "renamed-7", &err), 0);
+    CHECK (device_lookup ("scale-7") == NULL);
+    CHECK (device_lookup ("renamed-7") == devs[7]);
+    CHECK_EQ (device_rename (devs[8], "renamed-7", &err), -EEXIST);
+    for (int i = 0; i < N; i++) {
+      if (i == 7)
+        continue;
+      snprintf (name, sizeof name, "scale-%d", i);
+      CHECKF (device_lookup (name) == devs[i], "%s", name);
+    }
+    /* Odd ones first, then the rest from the front. */
+    for (int i = 1; i < N; i += 2)
+      device_destroy (devs[i]);
+    CHECK (device_lookup ("scale-1") == NULL);
+    CHECK (device_lookup ("scale-2") == devs[2]);
+    CHECK_EQ (device_create ("x", &dev, &err), 0);
+    CHECK_EQ (device_set_uuid (dev, "UUID-3", &err), 0);  /* 1 is gone */
+    device_destroy (dev);
+    for (int i = 0; i < N; i += 2)
+      device_destroy (devs[i]);
+    CHECK_EQ (device_count (), 0);
+    CHECK (device_lookup ("scale-0") == NULL);
+  }
+
   /* targets registry. */
   CHECK (target_type_count () >= 4);
   CHECK (strcmp (target_type_info (0, v), "linear") == 0);

@@ -358,22 +358,47 @@ mapper_dump_plugin (void)
 
 /* --- exports and connections ----------------------------------------- */
 
+/* nbdkit refuses a list of more than 10,000 exports (and then fails the
+ * whole NBD_OPT_LIST): past that, list the first ones (creation order)
+ * and say so.  Every device still opens by name, and "nbdmsetup ls"
+ * lists them all.
+ */
+#define MAX_LISTED_EXPORTS 10000
+
+struct export_list {
+  struct nbdkit_exports *exports;
+  size_t n;
+};
+
 /* Under the registry lock: devices created or removed at run time
  * appear in / vanish from the list at once.
  */
 static int
-add_export (struct device *dev, void *exports)
+add_export (struct device *dev, void *opaque)
 {
+  struct export_list *l = opaque;
   char desc[256];
 
+  if (l->n == MAX_LISTED_EXPORTS)
+    return 1;
   device_summary (dev, desc, sizeof desc);
-  return nbdkit_add_export (exports, device_name (dev), desc) == -1 ? -1 : 0;
+  if (nbdkit_add_export (l->exports, device_name (dev), desc) == -1)
+    return -1;
+  l->n++;
+  return 0;
 }
 
 static int
 mapper_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
 {
-  return device_foreach (add_export, exports) ? -1 : 0;
+  struct export_list l = { exports, 0 };
+  int r = device_foreach (add_export, &l);
+
+  if (r == 1)
+    nbdkit_debug ("list_exports: %zu devices, listing the first %d "
+                  "(nbdkit's limit); the rest open by name",
+                  device_count (), MAX_LISTED_EXPORTS);
+  return r < 0 ? -1 : 0;
 }
 
 static int
