@@ -233,6 +233,7 @@ device_create (const char *name, struct device **out, struct mapper_err *err)
   atomic_init (&dev->inflight, 0);
   atomic_init (&dev->suspended, true);
   atomic_init (&dev->open_count, 0);
+  atomic_init (&dev->stack_holders, 0);
   atomic_init (&dev->refs, 1);  /* the registry's */
   index_add (&by_name, dev);
   *out = dev;
@@ -706,6 +707,18 @@ device_rename (struct device *dev, const char *newname,
   if (lookup_locked (newname)) {
     mapper_err_set (err, "device '%s' already exists", newname);
     return -EEXIST;
+  }
+  /* A table stacked on it names it (mapper:NAME) and would lose it at
+   * the next load from tables=DIR.
+   */
+  if (atomic_load (&dev->stack_holders) > 0) {
+    mapper_err_set (err, "device '%s' is used by %u table%s as "
+                    DEVICE_BACKEND_PREFIX "%s: reload %s first",
+                    dev->name, atomic_load (&dev->stack_holders),
+                    atomic_load (&dev->stack_holders) == 1 ? "" : "s",
+                    dev->name,
+                    atomic_load (&dev->stack_holders) == 1 ? "it" : "them");
+    return -EBUSY;
   }
   names = realloc (dev->old_names, (dev->nr_old_names + 1) * sizeof *names);
   if (names == NULL) {

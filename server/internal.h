@@ -180,6 +180,10 @@ struct device {
   pthread_cond_t cond;
   struct table *inactive;
   _Atomic unsigned open_count;
+  /* Tables naming this device as mapper:NAME (backends/device.c): they
+   * print and persist the name, so rename is refused while > 0.
+   */
+  _Atomic unsigned stack_holders;
   uint64_t event_nr;
 
   /* Lifetime: the registry holds one reference, each open connection and

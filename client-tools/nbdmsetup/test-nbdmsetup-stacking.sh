@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The control plane with stacked devices (mapper:NAME): a device another
-# one stacks on can't be removed without --force; a load or replace that
+# one stacks on can't be removed without --force nor renamed; a load or replace that
 # would make a cycle is refused and changes nothing; replacing the lower
 # device's table under the upper one keeps the data path working.
 source "$(dirname "$0")/functions-ms.sh"
@@ -27,7 +27,13 @@ assert h.pread(4096, 0) == b"S" * 4096
 '
 cmp -n 4096 -i 524288:0 "$a" <(printf 'S%.0s' $(seq 4096)) ||
     die "write through the stack did not land at sector 1024 of a"
+# Renaming the lower device would orphan up's mapper:low (and break the
+# next start from tables=DIR): refused while a table stacks on it.
+fails 'used by 1 table as mapper:low' ms rename low low2
+ms info low >/dev/null || die "refused rename changed the name"
 ms remove up
+ms rename low low2
+ms rename low2 low
 ms info low | grep -q '^Open count:        0$' || die "low still held after remove up"
 ms remove low
 [ "$(ms ls)" = "No devices found" ] || die "devices left: $(ms ls)"

@@ -94,6 +94,7 @@ device_close (struct backend *be)
 {
   struct device_backend *d = DB (be);
 
+  atomic_fetch_sub (&d->dev->stack_holders, 1);
   device_close_conn (d->dev);
   free (be->name);
   free (d);
@@ -146,6 +147,7 @@ device_backend_open (const char *spec, struct backend **out,
     return -ENOMEM;
   }
   d->dev = dev;
+  atomic_fetch_add (&dev->stack_holders, 1);
   d->be.ops = &device_ops;
   d->be.caps = caps;
   /* The lower device honours FUA itself (natively or by flushing). */
