@@ -124,3 +124,27 @@ wait_for ()
     echo "$0: timed out waiting for: $*" >&2
     return 1
 }
+
+# fuse_detach: undo an nbdfuse + losetup + mount stack set up in
+# $tmpdir/{fuse,mnt,loopdev,fusepid}, in reverse order; safe to run more
+# than once or when only part was set up, and never hangs on a dead FUSE
+# mount.
+fuse_detach ()
+{
+    if mountpoint -q "$tmpdir/mnt" 2>/dev/null; then
+        umount "$tmpdir/mnt" 2>/dev/null || umount -l "$tmpdir/mnt" || :
+    fi
+    if [ -s "$tmpdir/loopdev" ]; then
+        losetup -d "$(cat "$tmpdir/loopdev")" 2>/dev/null || :
+        rm -f "$tmpdir/loopdev"
+    fi
+    if grep -q " $tmpdir/fuse " /proc/mounts 2>/dev/null; then
+        fusermount3 -u "$tmpdir/fuse" 2>/dev/null ||
+            fusermount3 -u -z "$tmpdir/fuse" 2>/dev/null ||
+            umount -l "$tmpdir/fuse" 2>/dev/null || :
+    fi
+    if [ -s "$tmpdir/fusepid" ]; then
+        kill "$(cat "$tmpdir/fusepid")" 2>/dev/null || :
+        rm -f "$tmpdir/fusepid"
+    fi
+}

@@ -61,27 +61,7 @@ EOF
 
 mkdir "$tmpdir/fuse" "$tmpdir/mnt"
 
-# Undo everything, in reverse order; safe to run more than once and when
-# only some of it was set up.  Never hangs on a dead FUSE mount.
-ext4_cleanup ()
-{
-    if mountpoint -q "$tmpdir/mnt" 2>/dev/null; then
-        umount "$tmpdir/mnt" 2>/dev/null || umount -l "$tmpdir/mnt" || :
-    fi
-    if [ -s "$tmpdir/loopdev" ]; then
-        losetup -d "$(cat "$tmpdir/loopdev")" 2>/dev/null || :
-        rm -f "$tmpdir/loopdev"
-    fi
-    if grep -q " $tmpdir/fuse " /proc/mounts 2>/dev/null; then
-        fusermount3 -u "$tmpdir/fuse" 2>/dev/null ||
-            fusermount3 -u -z "$tmpdir/fuse" 2>/dev/null ||
-            umount -l "$tmpdir/fuse" 2>/dev/null || :
-    fi
-    if [ -s "$tmpdir/fusepid" ]; then
-        kill "$(cat "$tmpdir/fusepid")" 2>/dev/null || :
-        rm -f "$tmpdir/fusepid"
-    fi
-}
+ext4_cleanup () { fuse_detach; }
 cleanup_fn ext4_cleanup
 
 # The script run by nbdkit --run: PHASE is "create" or "check".
@@ -178,7 +158,7 @@ else
     umount "$tmpdir/mnt"
 fi
 EOF
-declare -f ext4_cleanup > "$tmpdir/cleanup.sh"
+declare -f ext4_cleanup fuse_detach > "$tmpdir/cleanup.sh"
 echo "tmpdir=$(printf %q "$tmpdir")" >> "$tmpdir/cleanup.sh"
 
 size=$(( (len + 2048) * 512 ))

@@ -51,27 +51,7 @@ uri="nbd+unix:///dev?socket=$sock"
 ms () { "$NBDMSETUP" -c "$ctl" "$@"; }
 mkdir "$tmpdir/fuse" "$tmpdir/mnt"
 
-# Undo everything, in reverse order; safe to repeat and never hangs on a
-# dead FUSE mount.
-detach ()
-{
-    if mountpoint -q "$tmpdir/mnt" 2>/dev/null; then
-        umount "$tmpdir/mnt" 2>/dev/null || umount -l "$tmpdir/mnt" || :
-    fi
-    if [ -s "$tmpdir/loopdev" ]; then
-        losetup -d "$(cat "$tmpdir/loopdev")" 2>/dev/null || :
-        rm -f "$tmpdir/loopdev"
-    fi
-    if grep -q " $tmpdir/fuse " /proc/mounts 2>/dev/null; then
-        fusermount3 -u "$tmpdir/fuse" 2>/dev/null ||
-            fusermount3 -u -z "$tmpdir/fuse" 2>/dev/null ||
-            umount -l "$tmpdir/fuse" 2>/dev/null || :
-    fi
-    if [ -s "$tmpdir/fusepid" ]; then
-        kill "$(cat "$tmpdir/fusepid")" 2>/dev/null || :
-        rm -f "$tmpdir/fusepid"
-    fi
-}
+detach () { fuse_detach; }
 stop_server ()
 {
     if [ -s "$tmpdir/pid" ]; then
