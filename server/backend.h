@@ -52,11 +52,16 @@ struct backend {
   unsigned refs;
   struct backend *next;
 
-  /* Flush bookkeeping (flush.c).  write_gen counts completed writes
+  /* Flush bookkeeping (flush.c).  write_gen advances with completed writes
    * (write, zero, trim without native FUA); a flush that starts when
    * write_gen is G makes every write counted in G durable.
    */
   _Atomic uint64_t write_gen;
+  /* write_gen as the most recently started flush saw it: a write need
+   * only bump write_gen when it still equals this (read-mostly, so the
+   * hot path does not bounce write_gen's cache line on every write).
+   */
+  _Atomic uint64_t started_gen;
   pthread_mutex_t flush_lock;   /* protects the fields below */
   pthread_cond_t flush_cond;    /* a flush finished */
   bool flush_running;

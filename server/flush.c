@@ -2,7 +2,9 @@
  * backend is clean, shared between concurrent flushes from any number of
  * connections, and never reported durable when it may not be.
  *
- * Per backend, write_gen counts completed writes.  A flush request that
+ * Per backend, write_gen moves past started_gen (the value the last flush
+ * to start saw) when a write completes after that start; further writes
+ * before the next start need not bump it again.  A flush request that
  * sees write_gen == T needs a backend flush that *started* when write_gen
  * was >= T to have finished successfully:
  *   - flushed_gen >= T: clean, nothing to do;
@@ -25,6 +27,7 @@ void
 backend_flush_init (struct backend *be)
 {
   atomic_init (&be->write_gen, 0);
+  atomic_init (&be->started_gen, 0);
   pthread_mutex_init (&be->flush_lock, NULL);
   pthread_cond_init (&be->flush_cond, NULL);
   be->flush_running = false;
@@ -64,7 +67,15 @@ flush_note_write (struct clone *c)
   /* A write the backend made durable itself (native FUA) dirties
    * nothing; a failed one may have written part, so it counts.
    */
-  atomic_fetch_add (&c->be->write_gen, 1);
+  struct backend *be = c->be;
+
+  /* One bump after each flush start is enough: write_gen then exceeds
+   * what that flush covers, and the next flush request sees it.  A write
+   * that reads the old started_gen completed before the new flush stored
+   * it, so before that flush reached the backend: covered by it.
+   */
+  if (atomic_load (&be->write_gen) == atomic_load (&be->started_gen))
+    atomic_fetch_add (&be->write_gen, 1);
 }
 
 /* Called when a flush clone completes (clone_done); its result. */
@@ -132,6 +143,7 @@ flush_decide (struct flush_slot *s, struct io_req *req)
     }
     be->flush_running = true;
     be->running_gen = atomic_load (&be->write_gen);
+    atomic_store (&be->started_gen, be->running_gen);
     be->running_seq = be->done_seq + 1;
     be->nr_flushes++;
     *c = (struct clone) {
