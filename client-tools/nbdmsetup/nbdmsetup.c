@@ -26,6 +26,7 @@ static uint32_t flags;
 static const char *uuid;
 static const char *table_text;  /* --table TEXT */
 static double timeout = -1;
+static const char *where;       /* "FILE:LINE" of the batch line, or NULL */
 
 static void die (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2), noreturn));
@@ -35,6 +36,8 @@ die (const char *fmt, ...)
   va_list ap;
 
   fputs ("nbdmsetup: ", stderr);
+  if (where)
+    fprintf (stderr, "%s: ", where);
   va_start (ap, fmt);
   vfprintf (stderr, fmt, ap);
   va_end (ap);
@@ -66,6 +69,8 @@ usage (FILE *fp, int status)
 "  message NAME SECTOR WORDS...     send a message to a target\n"
 "  targets                          target types and versions\n"
 "  wait NAME [EVENT_NR] [--timeout S]\n"
+"  batch [FILE]                     commands from FILE (default standard\n"
+"                                   input), one per line, one connection\n"
 "\n"
 "TABLE is a file, or - for standard input (the default for load and\n"
 "replace), or --table 'TEXT'.\n"
@@ -471,8 +476,39 @@ need (int argc, int min, int max, const char *cmd)
     die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
 }
 
-int
-main (int argc, char *argv[])
+/* Each batch line starts from the options given on the command line. */
+static struct {
+  bool json;
+  uint32_t flags;
+  const char *uuid, *table_text;
+  double timeout;
+} batch_defaults;
+
+static void
+save_command_options (void)
+{
+  batch_defaults.json = json;
+  batch_defaults.flags = flags;
+  batch_defaults.uuid = uuid;
+  batch_defaults.table_text = table_text;
+  batch_defaults.timeout = timeout;
+}
+
+static void
+reset_command_options (void)
+{
+  json = batch_defaults.json;
+  flags = batch_defaults.flags;
+  uuid = batch_defaults.uuid;
+  table_text = batch_defaults.table_text;
+  timeout = batch_defaults.timeout;
+}
+
+/* Parse options (GNU getopt permutes: they may follow the command).
+ * In a batch line only the per-command options are allowed.
+ */
+static void
+parse_options (int argc, char *argv[], bool batch_line)
 {
   enum { OPT_NOFLUSH = 256, OPT_FORCE, OPT_INACTIVE, OPT_SHOWKEYS, OPT_UUID,
          OPT_TABLE, OPT_TIMEOUT };
@@ -491,16 +527,17 @@ main (int argc, char *argv[])
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { NULL },
   };
-  struct conn c = { NULL };
-  const char *cmd;
-  char *p = NULL, *end;
+  char *end;
   int opt;
 
-  uri = getenv ("NBDMSETUP_URI");
-  key_file = getenv ("NBDMSETUP_KEY");
-  if (key_file && *key_file == '\0')
-    key_file = NULL;
-  while ((opt = getopt_long (argc, argv, "c:k:jhV", long_opts, NULL)) != -1) {
+  optind = 0;                   /* GNU: start afresh (batch lines) */
+  opterr = !batch_line;
+  while ((opt = getopt_long (argc, argv, "c:k:jhV", long_opts,
+                             NULL)) != -1) {
+    if (batch_line && (opt == 'c' || opt == 'k' || opt == 'h' || opt == 'V'))
+      die ("-%c: give it on the command line, not in a batch", opt);
+    if (batch_line && opt == '?')
+      die ("'%s': unknown option or missing value", argv[optind - 1]);
     switch (opt) {
     case 'c': uri = optarg; break;
     case 'k': key_file = optarg; break;
@@ -523,6 +560,211 @@ main (int argc, char *argv[])
     default: usage (stderr, EXIT_FAILURE);
     }
   }
+}
+
+static const struct { const char *name; unsigned code; int min, max; }
+commands[] = {
+  { "version", PROTO_CMD_VERSION, 0, 0 }, { "ls", PROTO_CMD_LIST, 0, 0 },
+  { "create", PROTO_CMD_CREATE, 1, 2 }, { "load", PROTO_CMD_LOAD, 1, 2 },
+  { "reload", PROTO_CMD_LOAD, 1, 2 }, { "clear", PROTO_CMD_CLEAR, 1, 1 },
+  { "suspend", PROTO_CMD_SUSPEND, 1, 1 },
+  { "resume", PROTO_CMD_RESUME, 1, 1 },
+  { "replace", PROTO_CMD_REPLACE, 1, 2 },
+  { "remove", PROTO_CMD_REMOVE, 1, 1 },
+  { "rename", PROTO_CMD_RENAME, 2, 2 }, { "info", PROTO_CMD_INFO, 0, 1 },
+  { "table", PROTO_CMD_TABLE, 0, 1 }, { "status", PROTO_CMD_STATUS, 0, 1 },
+  { "message", PROTO_CMD_MESSAGE, 3, PROTO_MAX_ARGS - 2 },
+  { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
+};
+
+/* Check a command's name and argument count (before connecting). */
+static unsigned
+command_code (const char *cmd, int argc)
+{
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp (cmd, commands[i].name) == 0) {
+      need (argc, commands[i].min, commands[i].max, cmd);
+      return commands[i].code;
+    }
+  die ("unknown command '%s' (see nbdmsetup --help)", cmd);
+}
+
+/* Run one checked command: argv holds its arguments after the name. */
+static void
+run_command (struct conn *c, unsigned code, int argc, char *argv[])
+{
+  char *p = NULL;
+
+  switch (code) {
+  case PROTO_CMD_VERSION:
+    print_version (c);
+    break;
+  case PROTO_CMD_LIST:
+    p = call (c, code, 0, NULL);
+    print_ls (p);
+    break;
+  case PROTO_CMD_INFO:
+    p = call (c, code, argc, (const char *const *) argv);
+    print_info (p);
+    break;
+  case PROTO_CMD_TABLE: case PROTO_CMD_STATUS:
+    p = call (c, code, argc, (const char *const *) argv);
+    print_lines (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status");
+    break;
+  case PROTO_CMD_TARGETS:
+    p = call (c, code, 0, NULL);
+    print_targets (p);
+    break;
+  case PROTO_CMD_CREATE: {
+    char *t = NULL;
+    const char *args[3] = { argv[0], uuid ? uuid : "", NULL };
+    if (argc == 2 || table_text)
+      t = read_table (argc == 2 ? argv[1] : NULL);
+    args[2] = t;
+    p = call (c, code, t ? 3 : 2, args);
+    free (t);
+    break;
+  }
+  case PROTO_CMD_LOAD: case PROTO_CMD_REPLACE: {
+    char *t = read_table (argc == 2 ? argv[1] : NULL);
+    const char *args[2] = { argv[0], t };
+    p = call (c, code, 2, args);
+    free (t);
+    break;
+  }
+  case PROTO_CMD_WAIT: {
+    char ms[32] = "";
+    const char *args[3] = { argv[0], argc == 2 ? argv[1] : "", ms };
+    if (timeout >= 0)
+      snprintf (ms, sizeof ms, "%lld", (long long) (timeout * 1000));
+    p = call (c, code, timeout >= 0 ? 3 : 2, args);
+    if (json)
+      printf ("{\"event_nr\": %s}\n", strtok (p, "\n") ? p : "0");
+    break;
+  }
+  case PROTO_CMD_MESSAGE:
+    p = call (c, code, argc, (const char *const *) argv);
+    if (*p)
+      printf ("%s%s", p, p[strlen (p) - 1] == '\n' ? "" : "\n");
+    break;
+  default:
+    p = call (c, code, argc, (const char *const *) argv);
+    break;
+  }
+  free (p);
+  if (fflush (stdout) == EOF)
+    die ("standard output: %s", strerror (errno));
+}
+
+/* Split a batch line into words, in place: blanks separate words,
+ * '...' and "..." quote, a backslash escapes the next character (outside
+ * single quotes), '#' at the start of a word begins a comment.
+ * Returns the number of words; at most max (the rest is an error).
+ */
+static int
+split_words (char *line, char **words, int max)
+{
+  char *in = line, *out = line;
+  int n = 0;
+
+  for (;;) {
+    while (*in == ' ' || *in == '\t' || *in == '\r' || *in == '\n')
+      in++;
+    if (*in == '\0' || *in == '#')
+      return n;
+    if (n == max)
+      die ("too many words (at most %d)", max);
+    words[n++] = out;
+    while (*in && *in != ' ' && *in != '\t' && *in != '\r' && *in != '\n') {
+      char q = *in;
+      if (q == '\'' || q == '"') {
+        in++;
+        while (*in && *in != q) {
+          if (q == '"' && *in == '\\' && in[1])
+            in++;
+          *out++ = *in++;
+        }
+        if (*in != q)
+          die ("unterminated %c quote", q);
+        in++;
+      }
+      else {
+        if (*in == '\\' && in[1])
+          in++;
+        *out++ = *in++;
+      }
+    }
+    if (*in)
+      in++;
+    *out++ = '\0';
+  }
+}
+
+/* nbdmsetup batch [FILE]: one command per line, over one connection.
+ * The first failing line stops the batch; the message names the line.
+ */
+static void
+run_batch (struct conn *c, const char *file)
+{
+  FILE *fp = stdin;
+  char *line = NULL;
+  size_t cap = 0;
+  char name[64];
+  unsigned lineno = 0;
+
+  if (file && strcmp (file, "-") != 0 && (fp = fopen (file, "r")) == NULL)
+    die ("%s: %s", file, strerror (errno));
+  if (file == NULL || strcmp (file, "-") == 0)
+    file = "stdin";
+  while (getline (&line, &cap, fp) != -1) {
+    char *words[PROTO_MAX_ARGS + 2];
+    int n;
+
+    lineno++;
+    snprintf (name, sizeof name, "%.40s:%u", file, lineno);
+    where = name;
+    n = split_words (line, words + 1, PROTO_MAX_ARGS + 1);
+    if (n == 0)
+      continue;
+    words[0] = (char *) "nbdmsetup";
+    words[n + 1] = NULL;
+    reset_command_options ();
+    parse_options (n + 1, words, true);
+    if (optind >= n + 1)
+      die ("no command");
+    const char *cmd = words[optind];
+    if (strcmp (cmd, "batch") == 0)
+      die ("batch: not a command of a batch");
+    int argc = n + 1 - optind - 1;
+    unsigned code = command_code (cmd, argc);
+    /* The batch itself may be standard input. */
+    if ((code == PROTO_CMD_LOAD || code == PROTO_CMD_REPLACE ||
+         (code == PROTO_CMD_CREATE && argc == 2)) && fp == stdin &&
+        table_text == NULL && (argc < 2 || strcmp (words[optind + 2], "-") == 0))
+      die ("%s: give the table as a file or --table TEXT in a batch "
+           "read from standard input", cmd);
+    run_command (c, code, argc, words + optind + 1);
+  }
+  where = NULL;
+  if (ferror (fp))
+    die ("%s: read error", file);
+  free (line);
+  if (fp != stdin)
+    fclose (fp);
+}
+
+int
+main (int argc, char *argv[])
+{
+  struct conn c = { NULL };
+  const char *cmd;
+  unsigned code = 0;
+
+  uri = getenv ("NBDMSETUP_URI");
+  key_file = getenv ("NBDMSETUP_KEY");
+  if (key_file && *key_file == '\0')
+    key_file = NULL;
+  parse_options (argc, argv, false);
   argv += optind;
   argc -= optind;
   if (argc < 1)
@@ -533,87 +775,18 @@ main (int argc, char *argv[])
     die ("no control export: use --connect URI or $NBDMSETUP_URI");
 
   /* Check the arguments before connecting. */
-  static const struct { const char *name; unsigned code; int min, max; }
-  cmds[] = {
-    { "version", PROTO_CMD_VERSION, 0, 0 }, { "ls", PROTO_CMD_LIST, 0, 0 },
-    { "create", PROTO_CMD_CREATE, 1, 2 }, { "load", PROTO_CMD_LOAD, 1, 2 },
-    { "reload", PROTO_CMD_LOAD, 1, 2 }, { "clear", PROTO_CMD_CLEAR, 1, 1 },
-    { "suspend", PROTO_CMD_SUSPEND, 1, 1 },
-    { "resume", PROTO_CMD_RESUME, 1, 1 },
-    { "replace", PROTO_CMD_REPLACE, 1, 2 },
-    { "remove", PROTO_CMD_REMOVE, 1, 1 },
-    { "rename", PROTO_CMD_RENAME, 2, 2 }, { "info", PROTO_CMD_INFO, 0, 1 },
-    { "table", PROTO_CMD_TABLE, 0, 1 }, { "status", PROTO_CMD_STATUS, 0, 1 },
-    { "message", PROTO_CMD_MESSAGE, 3, PROTO_MAX_ARGS - 2 },
-    { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
-  };
-  unsigned code = 0;
-  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-    if (strcmp (cmd, cmds[i].name) == 0) {
-      code = cmds[i].code;
-      need (argc, cmds[i].min, cmds[i].max, cmd);
-    }
-  if (code == 0)
-    die ("unknown command '%s' (see nbdmsetup --help)", cmd);
+  if (strcmp (cmd, "batch") == 0) {
+    need (argc, 0, 1, cmd);
+    save_command_options ();
+  }
+  else
+    code = command_code (cmd, argc);
 
   connect_control (&c);
-  switch (code) {
-  case PROTO_CMD_VERSION:
-    print_version (&c);
-    break;
-  case PROTO_CMD_LIST:
-    p = call (&c, code, 0, NULL);
-    print_ls (p);
-    break;
-  case PROTO_CMD_INFO:
-    p = call (&c, code, argc, (const char *const *) argv);
-    print_info (p);
-    break;
-  case PROTO_CMD_TABLE: case PROTO_CMD_STATUS:
-    p = call (&c, code, argc, (const char *const *) argv);
-    print_lines (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status");
-    break;
-  case PROTO_CMD_TARGETS:
-    p = call (&c, code, 0, NULL);
-    print_targets (p);
-    break;
-  case PROTO_CMD_CREATE: {
-    char *t = NULL;
-    const char *args[3] = { argv[0], uuid ? uuid : "", NULL };
-    if (argc == 2 || table_text)
-      t = read_table (argc == 2 ? argv[1] : NULL);
-    args[2] = t;
-    p = call (&c, code, t ? 3 : 2, args);
-    free (t);
-    break;
-  }
-  case PROTO_CMD_LOAD: case PROTO_CMD_REPLACE: {
-    char *t = read_table (argc == 2 ? argv[1] : NULL);
-    const char *args[2] = { argv[0], t };
-    p = call (&c, code, 2, args);
-    free (t);
-    break;
-  }
-  case PROTO_CMD_WAIT: {
-    char ms[32] = "";
-    const char *args[3] = { argv[0], argc == 2 ? argv[1] : "", ms };
-    if (timeout >= 0)
-      snprintf (ms, sizeof ms, "%lld", (long long) (timeout * 1000));
-    p = call (&c, code, timeout >= 0 ? 3 : 2, args);
-    if (json)
-      printf ("{\"event_nr\": %s}\n", strtok (p, "\n") ? p : "0");
-    break;
-  }
-  case PROTO_CMD_MESSAGE:
-    p = call (&c, code, argc, (const char *const *) argv);
-    if (*p)
-      printf ("%s%s", p, p[strlen (p) - 1] == '\n' ? "" : "\n");
-    break;
-  default:
-    p = call (&c, code, argc, (const char *const *) argv);
-    break;
-  }
-  free (p);
+  if (code == 0)
+    run_batch (&c, argc ? argv[0] : NULL);
+  else
+    run_command (&c, code, argc, argv);
   disconnect (&c);
   return EXIT_SUCCESS;
 }

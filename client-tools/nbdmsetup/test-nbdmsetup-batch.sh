@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# nbdmsetup batch: many commands over one control connection.  Lines run
+# in order; the first failing line stops the batch, its message names the
+# line, and nothing after it runs.  Bad lines change nothing.
+source "$(dirname "$0")/functions-ms.sh"
+
+a=$(mkfile a.img 1M)
+mkdir "$tmpdir/tables"
+start_server tables="$tmpdir/tables"
+ms create d1 --table "0 2048 linear $a 0"
+echo "0 1024 linear $a 0
+1024 1024 linear $a 1024" > "$tmpdir/two.table"
+
+# Several commands, one connection: tables, quoting, comments, options
+# after the command, per-line options reset.
+out=$(ms batch <<EOF2
+# a comment, then a blank line
+
+replace d1 $tmpdir/two.table
+table d1
+create 'd 2' --table "0 8 zero"    # trailing comment
+suspend --noflush d1
+resume d1
+table 'd 2'
+status d1
+EOF2
+) || die "batch failed"
+expect="0 1024 linear $a 0
+1024 1024 linear $a 1024
+0 8 zero
+0 1024 linear
+1024 1024 linear"
+[ "$out" = "$expect" ] || die "batch output:
+$out
+expected:
+$expect"
+[ "$(ms ls | sort)" = "d 2
+d1" ] || die "ls after batch: $(ms ls)"
+
+# The same batch from a file; -j given once applies to every line.
+echo "info d1" > "$tmpdir/b1"
+echo "table d1" >> "$tmpdir/b1"
+ms -j batch "$tmpdir/b1" > "$tmpdir/out.json" || die "batch FILE"
+/usr/bin/python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 2, lines
+assert json.loads(lines[0])["devices"][0]["name"] == "d1", lines[0]
+assert json.loads(lines[1])["devices"][0]["table"][1].startswith("1024 1024"), lines[1]
+' "$tmpdir/out.json" || die "batch -j output: $(cat "$tmpdir/out.json")"
+
+# The first bad line stops the batch and is named; earlier lines ran,
+# later ones did not.
+snapshot () { { ms ls; ms table; ms info; } 2>&1; }
+before=$(snapshot)
+fails 'stdin:2: replace: no such device: nodev' ms batch <<EOF2
+table d1
+replace nodev $tmpdir/two.table
+remove d1
+EOF2
+[ "$(snapshot)" = "$before" ] || die "a failed batch changed state"
+fails 'stdin:1: unknown command .frobnicate.' ms batch <<< "frobnicate d1"
+fails 'stdin:3: replace d1:1:' ms batch <<EOF2
+ls
+
+replace d1 --table "0 999999 linear $a 0"
+remove --force d1
+EOF2
+[ "$(snapshot)" = "$before" ] || die "a bad table in a batch changed state"
+fails 'stdin:1: -c: give it on the command line' ms batch <<< "ls -c x"
+fails "stdin:1: '--bogus': unknown option" ms batch <<< "ls --bogus"
+fails 'stdin:1: unterminated " quote' ms batch <<< 'create "x'
+fails 'stdin:1: table: wrong number of arguments' ms batch <<< "table a b"
+fails 'stdin:1: batch: not a command of a batch' ms batch <<< "batch"
+fails 'stdin:1: replace: give the table as a file' ms batch <<< "replace d1"
+fails "$tmpdir/nofile: No such file" ms batch "$tmpdir/nofile"
+fails 'fd/[0-9]+:1: nofile: No such file' \
+    ms batch <(echo "replace d1 nofile")
+[ "$(snapshot)" = "$before" ] || die "bad batch lines changed state"
+
+echo "$0: ok"
