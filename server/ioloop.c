@@ -1,6 +1,6 @@
 /* The I/O loop: one thread running a libev loop that owns every remote
- * connection.  Workers hand it clones through a lock-protected queue and
- * an ev_async (a whole split request is one batch and one wake-up); other
+ * connection.  Workers hand it clones through a lock-free queue and an
+ * ev_async (a whole split request is one batch and one wake-up); other
  * threads run short jobs in it (extents queries, closing a backend,
  * status).  Nothing here knows NBD: backends with an ops->start are
  * called in the loop thread for each clone queued to them, and add their
@@ -37,14 +37,24 @@ static _Atomic unsigned generation;    /* bumped at each start */
 static _Atomic bool stopping;
 static ev_async wake;
 
-/* Protects the queues. */
-static pthread_mutex_t queue_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct clone *queue_head, **queue_tail = &queue_head;
+/* Submitted clones: a lock-free stack, newest first (the per-request
+ * path takes no global lock).  Producers push with a compare-and-swap;
+ * the loop takes the whole stack with one exchange and reverses it, so
+ * there is no ABA problem and clones start in submission order.
+ */
+static _Atomic (struct clone *) queue_head;
+
+/* Jobs (control path, rare) keep a mutex-protected FIFO. */
+static pthread_mutex_t jobs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ioloop_job *jobs_head, **jobs_tail = &jobs_head;
 
 static __thread bool batching;  /* between ioloop_batch_begin and _end */
 static __thread bool queued;    /* queued something not yet kicked */
 static __thread bool in_loop;   /* this is the loop thread */
+/* While batching: this thread's clones, newest first, pushed as one
+ * chain by ioloop_batch_end.
+ */
+static __thread struct clone *batch_newest, *batch_oldest;
 
 struct ev_loop *
 ioloop_ev (void)
@@ -65,21 +75,40 @@ ioloop_in_loop_thread (void)
   return in_loop;
 }
 
+/* Take every queued clone, oldest first. */
+static struct clone *
+take_clones (void)
+{
+  struct clone *c = atomic_exchange (&queue_head, NULL), *fifo = NULL, *next;
+
+  for (; c; c = next) {
+    next = c->qnext;
+    c->qnext = fifo;
+    fifo = c;
+  }
+  return fifo;
+}
+
+static struct ioloop_job *
+take_jobs (void)
+{
+  struct ioloop_job *j;
+
+  pthread_mutex_lock (&jobs_lock);
+  j = jobs_head;
+  jobs_head = NULL;
+  jobs_tail = &jobs_head;
+  pthread_mutex_unlock (&jobs_lock);
+  return j;
+}
+
 /* Fail everything queued (the loop could not start, or has stopped). */
 static void
 fail_queued (int error)
 {
-  struct clone *c, *next_c;
-  struct ioloop_job *j, *next_j;
+  struct clone *c = take_clones (), *next_c;
+  struct ioloop_job *j = take_jobs (), *next_j;
 
-  pthread_mutex_lock (&queue_lock);
-  c = queue_head;
-  j = jobs_head;
-  queue_head = NULL;
-  queue_tail = &queue_head;
-  jobs_head = NULL;
-  jobs_tail = &jobs_head;
-  pthread_mutex_unlock (&queue_lock);
   for (; c; c = next_c) {
     next_c = c->qnext;
     clone_done (c, error);
@@ -100,14 +129,8 @@ on_wake (struct ev_loop *l, ev_async *w, int revents)
     ev_break (l, EVBREAK_ALL);
     return;
   }
-  pthread_mutex_lock (&queue_lock);
-  c = queue_head;
-  j = jobs_head;
-  queue_head = NULL;
-  queue_tail = &queue_head;
-  jobs_head = NULL;
-  jobs_tail = &jobs_head;
-  pthread_mutex_unlock (&queue_lock);
+  j = take_jobs ();
+  c = take_clones ();
 
   for (; j; j = next_j) {
     next_j = j->next;           /* fn may free j */
@@ -201,17 +224,33 @@ kick (void)
   ev_async_send (loop, &wake);
 }
 
+/* Push the chain newest .. oldest (linked by qnext) onto the stack. */
+static void
+push_clones (struct clone *newest, struct clone *oldest)
+{
+  struct clone *head = atomic_load_explicit (&queue_head,
+                                             memory_order_relaxed);
+
+  do
+    oldest->qnext = head;
+  while (!atomic_compare_exchange_weak_explicit (&queue_head, &head, newest,
+                                                 memory_order_release,
+                                                 memory_order_relaxed));
+}
+
 void
 ioloop_submit (struct backend *be, struct clone *c)
 {
-  c->qnext = NULL;
-  pthread_mutex_lock (&queue_lock);
-  *queue_tail = c;
-  queue_tail = &c->qnext;
-  pthread_mutex_unlock (&queue_lock);
   queued = true;
-  if (!batching)
+  if (!batching) {
+    push_clones (c, c);
     kick ();
+    return;
+  }
+  c->qnext = batch_newest;
+  batch_newest = c;
+  if (batch_oldest == NULL)
+    batch_oldest = c;
 }
 
 void
@@ -224,6 +263,10 @@ void
 ioloop_batch_end (void)
 {
   batching = false;
+  if (batch_newest) {
+    push_clones (batch_newest, batch_oldest);
+    batch_newest = batch_oldest = NULL;
+  }
   if (queued)
     kick ();
 }
@@ -232,10 +275,10 @@ void
 ioloop_queue_job (struct ioloop_job *job)
 {
   job->next = NULL;
-  pthread_mutex_lock (&queue_lock);
+  pthread_mutex_lock (&jobs_lock);
   *jobs_tail = job;
   jobs_tail = &job->next;
-  pthread_mutex_unlock (&queue_lock);
+  pthread_mutex_unlock (&jobs_lock);
   kick ();
 }
 
