@@ -603,6 +603,7 @@ test_concurrent_rmw (void)
 
 /* More threads than cipher context slots, at once, each on its own 4K
  * block: the extra ones use temporary contexts; all data round-trips.
+ * Both ways of doing XTS: batched (512-byte sectors) and per sector.
  */
 struct mover {
   struct device *dev;
@@ -627,11 +628,10 @@ mover_thread (void *arg)
 }
 
 static void
-test_many_threads (void)
+test_many_threads (const char *opts)
 {
   enum { N = 100 };             /* > CRYPT_SLOTS; 100 4K blocks < 512K */
-  struct device *dev = crypt_dev ("aes-xts-plain64", KEY512,
-                                  "1 sector_size:4096");
+  struct device *dev = crypt_dev ("aes-xts-plain64", KEY512, opts);
   struct mover m[N];
   pthread_t th[N];
 
@@ -695,7 +695,8 @@ main (void)
   test_zero_trim ("1 allow_discards", 512);
   test_zero_trim ("2 allow_discards sector_size:4096", 4096);
   test_concurrent_rmw ();
-  test_many_threads ();
+  test_many_threads ("");
+  test_many_threads ("1 sector_size:4096");
   test_bounce ();
   free (A);
   free (B);
