@@ -7,9 +7,11 @@
  * touching their neighbours, also under concurrent writers of different
  * bytes of one sector; zero writes encrypted zeros (not a hole); trim only
  * with allow_discards and only whole sectors; extents say data; and the
- * per-thread bounce buffers nest.  That the bytes on disk are what Linux
- * writes is checked against an independent implementation in
- * test-crypt.sh.
+ * per-thread bounce buffers nest.  The bytes on disk are what OpenSSL's
+ * own AES-XTS makes of each sector, one call per sector with the IV
+ * computed here, both ways, for every key size, IV mode and sector size,
+ * over requests of many lengths.  That they are what Linux writes is
+ * checked against an independent implementation in test-crypt.sh.
  */
 #include <config.h>
 
@@ -19,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
 
 #include "internal.h"
 #include "unit.h"
@@ -317,6 +321,168 @@ first_extent (void *opaque, uint64_t off, uint64_t len, uint32_t type)
   return 0;
 }
 
+/* --- against OpenSSL's XTS ----------------------------------------------- */
+
+static void
+write_at (const char *path, uint64_t off, const void *buf, size_t len)
+{
+  int fd = open (path, O_WRONLY | O_CLOEXEC);
+
+  if (fd == -1 || pwrite (fd, buf, len, off) != (ssize_t) len)
+    UNIT_FATAL ("write %s: %s", path, strerror (errno));
+  close (fd);
+}
+
+/* dm-crypt's IV for the sector of ss bytes at byte toff of the target,
+ * computed here from the rules (not by the code under test).
+ */
+static void
+xts_ref_iv (const char *mode, uint64_t iv_offset, uint64_t ss, bool large,
+            uint64_t toff, unsigned char iv[16])
+{
+  uint64_t n = toff / S + iv_offset;
+
+  if (large)
+    n /= ss / S;
+  memset (iv, 0, 16);
+  if (strcmp (mode, "plain") == 0)
+    n &= 0xffffffff;
+  for (int i = 0; i < 8; i++) {
+    if (strcmp (mode, "plain64be") == 0)
+      iv[15 - i] = n >> (8 * i);
+    else
+      iv[i] = n >> (8 * i);
+  }
+}
+
+/* in -> out (len bytes, whole sectors of the target from toff) with
+ * OpenSSL's AES-XTS, one EVP call per sector.
+ */
+static void
+xts_ref (bool enc, const unsigned char *key, size_t key_len,
+         const char *mode, uint64_t iv_offset, uint64_t ss, bool large,
+         uint64_t toff, const unsigned char *in, unsigned char *out,
+         size_t len)
+{
+  EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new ();
+  const EVP_CIPHER *xts = key_len == 32 ? EVP_aes_128_xts ()
+    : EVP_aes_256_xts ();
+
+  if (ctx == NULL)
+    UNIT_FATAL ("out of memory");
+  for (size_t done = 0; done < len; done += ss) {
+    unsigned char iv[16];
+    int outl;
+
+    xts_ref_iv (mode, iv_offset, ss, large, toff + done, iv);
+    if (EVP_CipherInit_ex (ctx, xts, NULL, key, iv, enc) != 1 ||
+        EVP_CipherUpdate (ctx, out + done, &outl, in + done, ss) != 1 ||
+        outl != (int) ss)
+      UNIT_FATAL ("OpenSSL AES-XTS failed");
+  }
+  EVP_CIPHER_CTX_free (ctx);
+}
+
+/* A crypt target of 1024 sectors over A at sector 8: random plaintext
+ * written through it in requests of many lengths (one sector, a few,
+ * around 16K and 64K, odd counts, unaligned pieces) must land on A as
+ * OpenSSL's XTS encrypts it; random ciphertext put on A must read back
+ * through it, also in pieces of many lengths, as OpenSSL decrypts it.
+ */
+static void
+test_vs_openssl_xts (const char *mode, size_t key_len, uint64_t ss,
+                     bool large, uint64_t iv_offset, uint64_t seed)
+{
+  const size_t size = 1024 * S;
+  static const uint64_t sectors[] = { 1, 3, 7, 32, 33, 31, 2, 129, 5, 64 };
+  static const uint64_t bytes[] = { 1, 511, 16384 + 17, 4097, 65536 + 512,
+                                    12345, 4096, 3 };
+  unsigned char key[64], *plain = malloc (size), *want = malloc (size);
+  unsigned char *got;
+  char hex[129], opts[64], name[32];
+  struct device *dev;
+  int nopts = (ss != S) + large;
+
+  if (plain == NULL || want == NULL)
+    UNIT_FATAL ("out of memory");
+  unit_fill (key, key_len, seed, 0);
+  for (size_t i = 0; i < key_len; i++)
+    snprintf (hex + 2 * i, 3, "%02x", key[i]);
+  if (ss != S)
+    snprintf (opts, sizeof opts, "%d sector_size:%" PRIu64 "%s", nopts, ss,
+              large ? " iv_large_sectors" : "");
+  else
+    snprintf (opts, sizeof opts, "%s", nopts ? "1 iv_large_sectors" : "");
+  snprintf (name, sizeof name, "x%d", dev_nr++);
+  unit_write_file (A, NULL, FILE_SECTORS * S);
+  dev = ut_device (name, ut_parse ("0 1024 crypt aes-xts-%s %s %" PRIu64
+                                   " %s 8 %s\n", mode, hex, iv_offset, A,
+                                   opts));
+
+  /* Writes: whole sectors in requests of many lengths, then a few bytes
+   * rewritten unaligned (the same bytes: read-modify-write).
+   */
+  unit_fill (plain, size, seed + 1, 0);
+  for (uint64_t off = 0, i = 0, n; off < size; off += n, i++) {
+    n = MIN (sectors[i % ARRAY_SIZE (sectors)] * ss, size - off);
+    CHECK (device_pwrite (dev, plain + off, n, off, 0) == 0);
+  }
+  CHECK (device_pwrite (dev, plain + ss - 3, 700, ss - 3, 0) == 0);
+  xts_ref (true, key, key_len, mode, iv_offset, ss, large, 0, plain, want,
+           size);
+  got = ut_read_at (A, 8 * S, size);
+  CHECKF (memcmp (got, want, size) == 0, "aes-xts-%s %zu-bit key "
+          "sector_size %" PRIu64 "%s iv_offset %" PRIu64 ": encrypted "
+          "sector %ld differs from OpenSSL's XTS", mode, key_len * 8, ss,
+          large ? " iv_large_sectors" : "", iv_offset,
+          unit_first_diff (got, want, size) / (long) ss);
+  free (got);
+
+  /* Reads: ciphertext from "elsewhere", read in pieces. */
+  unit_fill (want, size, seed + 2, 0);
+  write_at (A, 8 * S, want, size);
+  xts_ref (false, key, key_len, mode, iv_offset, ss, large, 0, want, plain,
+           size);
+  got = malloc (size);
+  if (got == NULL)
+    UNIT_FATAL ("out of memory");
+  for (uint64_t off = 0, i = 0, n; off < size; off += n, i++) {
+    n = MIN (i % 2 ? bytes[i / 2 % ARRAY_SIZE (bytes)]
+             : sectors[i / 2 % ARRAY_SIZE (sectors)] * ss, size - off);
+    CHECK (device_pread (dev, got + off, n, off, 0) == 0);
+  }
+  CHECKF (memcmp (got, plain, size) == 0, "aes-xts-%s %zu-bit key "
+          "sector_size %" PRIu64 "%s iv_offset %" PRIu64 ": decrypted byte "
+          "%ld differs from OpenSSL's XTS", mode, key_len * 8, ss,
+          large ? " iv_large_sectors" : "", iv_offset,
+          unit_first_diff (got, plain, size));
+  CHECK (device_pread (dev, got, size, 0, 0) == 0);
+  CHECK (memcmp (got, plain, size) == 0);
+  free (got);
+  device_destroy (dev);
+  free (plain);
+  free (want);
+}
+
+static void
+test_openssl_xts (void)
+{
+  static const char *const modes[] = { "plain64", "plain", "plain64be" };
+  /* iv_offsets that are multiples of 8 (every sector size): plain wraps
+   * at 2^32 a few sectors in; plain64 crosses into the high word.
+   */
+  static const uint64_t iv_offsets[] = { 0, 4294967288ULL, 1ULL << 40 };
+  uint64_t seed = 1000;
+
+  for (uint64_t ss = 512; ss <= 4096; ss *= 2)
+    for (size_t m = 0; m < ARRAY_SIZE (modes); m++)
+      for (size_t k = 32; k <= 64; k += 32)
+        for (int large = 0; large <= (ss > 512); large++, seed++)
+          test_vs_openssl_xts (modes[m], k, ss, large,
+                               iv_offsets[seed % ARRAY_SIZE (iv_offsets)],
+                               seed);
+}
+
 /* Zero writes encrypted zeros; fast zero is refused; trim passes only
  * with allow_discards and only whole sectors.
  */
@@ -437,6 +603,7 @@ test_concurrent_rmw (void)
 
 /* More threads than cipher context slots, at once, each on its own 4K
  * block: the extra ones use temporary contexts; all data round-trips.
+ * Both ways of doing XTS: batched (512-byte sectors) and per sector.
  */
 struct mover {
   struct device *dev;
@@ -461,11 +628,10 @@ mover_thread (void *arg)
 }
 
 static void
-test_many_threads (void)
+test_many_threads (const char *opts)
 {
   enum { N = 100 };             /* > CRYPT_SLOTS; 100 4K blocks < 512K */
-  struct device *dev = crypt_dev ("aes-xts-plain64", KEY512,
-                                  "1 sector_size:4096");
+  struct device *dev = crypt_dev ("aes-xts-plain64", KEY512, opts);
   struct mover m[N];
   pthread_t th[N];
 
@@ -524,11 +690,13 @@ main (void)
                   "2 sector_size:1024 iv_large_sectors");
   test_roundtrip ("capi:xts(aes)-plain64", KEY512,
                   "2 sector_size:2048 allow_discards");
+  test_openssl_xts ();
   test_zero_trim ("", 512);
   test_zero_trim ("1 allow_discards", 512);
   test_zero_trim ("2 allow_discards sector_size:4096", 4096);
   test_concurrent_rmw ();
-  test_many_threads ();
+  test_many_threads ("");
+  test_many_threads ("1 sector_size:4096");
   test_bounce ();
   free (A);
   free (B);
