@@ -74,12 +74,26 @@ mapper ()
             rest+=("$1"); shift
         fi
     done
+    local rc=0
     if [ -n "$SANITIZER_LIBASAN" ]; then
         LD_PRELOAD="$SANITIZER_LIBASAN" \
         ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
-            nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}"
+            nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}" || rc=$?
     else
-        nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}"
+        nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}" || rc=$?
+    fi
+    [ "$rc" -eq 0 ] || return "$rc"
+    # A daemonised nbdkit writes its pid file after the parent has exited:
+    # callers read it at once, so wait for it here.
+    local i pidfile= fg=false
+    for (( i = 0; i < ${#opts[@]}; i++ )); do
+        case "${opts[i]}" in
+            -P|--pidfile) pidfile=${opts[i+1]} ;;
+            --foreground|--run|-[!-]*f*) fg=true ;;
+        esac
+    done
+    if [ -n "$pidfile" ] && ! $fg; then
+        wait_for test -s "$pidfile" || return 1
     fi
 }
 
