@@ -30,7 +30,13 @@ find_target_type (const char *name)
 }
 
 DEFINE_VECTOR_TYPE (string_vector, char *);
-DEFINE_VECTOR_TYPE (target_vector, struct target);
+
+/* Blanks between words (a newline ends the line). */
+static bool
+is_blank (char c)
+{
+  return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
 
 /* Split line (modified in place) into words; '#' starting a word begins a
  * comment.  0 or -ENOMEM.
@@ -42,17 +48,35 @@ split_words (char *line, string_vector *words)
 
   words->len = 0;
   for (;;) {
-    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\v' || *p == '\f')
+    while (is_blank (*p))
       p++;
     if (*p == '\0' || *p == '#')
       return 0;
     if (string_vector_append (words, p) == -1)
       return -ENOMEM;
-    while (*p && *p != ' ' && *p != '\t' && *p != '\r' && *p != '\v' &&
-           *p != '\f')
+    while (*p && !is_blank (*p))
       p++;
     if (*p)
       *p++ = '\0';
+  }
+}
+
+/* The lines of text where split_words will find a word: the targets,
+ * counted first so that they are built in place (see struct target).
+ */
+static size_t
+count_target_lines (const char *p)
+{
+  size_t n = 0;
+
+  for (;;) {
+    while (is_blank (*p))
+      p++;
+    n += *p != '\0' && *p != '\n' && *p != '#';
+    p = strchr (p, '\n');
+    if (p == NULL)
+      return n;
+    p++;
   }
 }
 
@@ -60,6 +84,23 @@ static const char *
 number_error (int r)
 {
   return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
+}
+
+void *
+target_private_alloc (struct target *ti, size_t size)
+{
+  if (size <= sizeof ti->private_inline) {
+    memset (ti->private_inline, 0, sizeof ti->private_inline);
+    return ti->private_inline;
+  }
+  return calloc (1, size);
+}
+
+void
+target_private_free (struct target *ti, void *p)
+{
+  if (p != ti->private_inline)
+    free (p);
 }
 
 int
@@ -348,10 +389,9 @@ table_parse (const char *text, const char *origin, struct table **out,
     struct text_copy copy_ = { strdup (text), strlen (text) };
   char *copy = copy_.p;
   string_vector words = empty_vector;
-  target_vector targets = empty_vector;
   struct table *t;
   char *line, *next;
-  size_t lineno = 0;
+  size_t lineno = 0, nr_lines, bytes;
   uint64_t expect = 0;
   int r = 0;
 
@@ -362,8 +402,26 @@ table_parse (const char *text, const char *origin, struct table **out,
     return -ENOMEM;
   }
 
+  /* The targets' array, exactly sized and cache-line aligned: each
+   * target is constructed in its final place (a target's private data
+   * may live inside it).
+   */
+  nr_lines = count_target_lines (copy);
+  if (nr_lines == 0) {
+    mapper_err_set (err, "%s: table is empty (no targets)", origin);
+    r = -EINVAL;
+    goto err;
+  }
+  if (__builtin_mul_overflow (nr_lines, sizeof *t->targets, &bytes) ||
+      (t->targets = aligned_alloc (_Alignof (struct target), bytes))
+      == NULL) {
+    mapper_err_set (err, "%s: out of memory", origin);
+    r = -ENOMEM;
+    goto err;
+  }
+
   for (line = copy; line; line = next) {
-    struct target ti;
+    struct target *ti = &t->targets[t->nr_targets];
 
     lineno++;
     next = strchr (line, '\n');
@@ -375,30 +433,17 @@ table_parse (const char *text, const char *origin, struct table **out,
     }
     if (words.len == 0)
       continue;
-    if ((r = parse_line (t, expect, &words, &ti, err)) < 0)
+    assert (t->nr_targets < nr_lines);
+    if ((r = parse_line (t, expect, &words, ti, err)) < 0)
       goto err_line;
-    if (target_vector_append (&targets, ti) == -1) {
-      if (ti.type->dtr)
-        ti.type->dtr (&ti);
-      r = -ENOMEM;
-      mapper_err_set (err, "out of memory");
-      goto err_line;
-    }
-    expect = ti.begin + ti.len;
+    t->nr_targets++;            /* table_free destroys it from here */
+    expect = ti->begin + ti->len;
   }
+  assert (t->nr_targets == nr_lines);
 
-  if (targets.len == 0) {
-    mapper_err_set (err, "%s: table is empty (no targets)", origin);
-    r = -EINVAL;
-    goto err;
-  }
-  /* Immutable from here: give back the vectors' growth room (a one-target
-   * table would keep room for four; 10,000 idle devices pay for it).
+  /* Immutable from here: give back the backends' growth room (10,000
+   * idle devices pay for it).
    */
-  t->targets = realloc (targets.ptr, targets.len * sizeof *targets.ptr)
-    ? : targets.ptr;
-  t->nr_targets = targets.len;
-  targets = (target_vector) empty_vector;
   if (t->backends.len > 0 && t->backends.len < t->backends.cap) {
     struct backend **p = realloc (t->backends.ptr,
                                   t->backends.len * sizeof *p);
@@ -426,10 +471,6 @@ table_parse (const char *text, const char *origin, struct table **out,
     *err = e2;
   }
  err:
-  for (size_t i = 0; i < targets.len; i++)
-    if (targets.ptr[i].type->dtr)
-      targets.ptr[i].type->dtr (&targets.ptr[i]);
-  target_vector_reset (&targets);
   string_vector_reset (&words);
   table_free (t);
   return r;

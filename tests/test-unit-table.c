@@ -764,6 +764,34 @@ test_lookup (void)
   }
 }
 
+/* Targets are one aligned cache line each, a small private struct
+ * (linear's) inside it; a bigger one is allocated.
+ */
+static void
+test_target_layout (void)
+{
+  char *s = unit_sprintf ("0 8 linear %s 0\n8 8 zero\n16 8 linear %s 8\n",
+                          A, B);
+  struct table *t = parse_ok (s);
+  struct target ti = { 0 };
+  void *p;
+
+  free (s);
+  if (t) {
+    CHECK ((uintptr_t) t->targets % 64 == 0);
+    CHECK (t->targets[0].private == t->targets[0].private_inline);
+    CHECK (t->targets[2].private == t->targets[2].private_inline);
+    table_free (t);
+  }
+  p = target_private_alloc (&ti, TARGET_PRIVATE_INLINE);
+  CHECK (p == ti.private_inline);
+  target_private_free (&ti, p);
+  p = target_private_alloc (&ti, TARGET_PRIVATE_INLINE + 1);
+  CHECK (p != NULL && p != ti.private_inline);
+  CHECK (unit_is_zero (p, TARGET_PRIVATE_INLINE + 1));
+  target_private_free (&ti, p);
+}
+
 /* --- device names and the registry -------------------------------------- */
 
 static void
@@ -884,6 +912,7 @@ main (void)
   test_good_tables ();
   test_distinct_backends ();
   test_lookup ();
+  test_target_layout ();
   test_device_names ();
   teardown ();
   UNIT_EXIT ();
