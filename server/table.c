@@ -538,16 +538,6 @@ node_rank (const uint64_t *node, uint64_t off)
   return k;
 }
 
-static inline void
-prefetch_range (const void *p, size_t len)
-{
-  const char *end = (const char *) p + len;
-
-  for (const char *c = (const char *) ((uintptr_t) p & ~(uintptr_t) 63);
-       c < end; c += 64)
-    __builtin_prefetch (c);
-}
-
 size_t
 table_find_target (const struct table *t, uint64_t off)
 {
@@ -567,12 +557,18 @@ table_find_target (const struct table *t, uint64_t off)
       node_rank (t->levels[l] + n * TABLE_INDEX_KEYS, off);
   /* Leaf n: the target is one of its TABLE_INDEX_KEYS, and every caller
    * reads it next.  On a wide table it is cold: fetch all their lines
-   * now, while the leaf comes in, rather than one miss after the other.
+   * (one each) now, while the leaf comes in, rather than one miss after
+   * the other.  Only the last leaf is short.
    */
   n *= TABLE_INDEX_KEYS;
-  prefetch_range (&t->targets[n],
-                  MIN (TABLE_INDEX_KEYS, t->nr_targets - n) *
-                  sizeof *t->targets);
+  if (n + TABLE_INDEX_KEYS <= t->nr_targets) {
+#pragma GCC unroll 8
+    for (size_t i = 0; i < TABLE_INDEX_KEYS; i++)
+      __builtin_prefetch (&t->targets[n + i]);
+  }
+  else
+    for (size_t i = n; i < t->nr_targets; i++)
+      __builtin_prefetch (&t->targets[i]);
   return n + node_rank (t->ends + n, off);
 }
 
