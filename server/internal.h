@@ -16,6 +16,7 @@
 #define ARRAY_SIZE(a) (sizeof (a) / sizeof ((a)[0]))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
 #define IS_POWER_OF_2(x) ((x) != 0 && ((x) & ((x) - 1)) == 0)
 
 /* Scope-bound cleanup. */
@@ -148,13 +149,27 @@ struct table {
   /* Immutable once built. */
   char *origin;                 /* file name or "<string>", for messages */
   struct target *targets;       /* sorted by begin, contiguous from 0 */
-  uint64_t *ends;               /* ends[i] = targets[i].begin + len */
   size_t nr_targets;
+  /* ends[i] = targets[i].begin + len.  Over TABLE_INDEX_KEYS targets it
+   * is also the leaf level of the lookup index: cache-line aligned and
+   * padded with UINT64_MAX to a whole number of nodes.
+   */
+  uint64_t *ends;
+  /* The lookup index's upper levels, root first: levels[l] holds nodes
+   * of TABLE_INDEX_KEYS keys, one cache line each; key k of node n is
+   * the largest end under its child k, node n * (TABLE_INDEX_KEYS + 1) + k
+   * of the level below (ends below the last).  NULL and depth 0 when
+   * ends is a single node.  One allocation, table.c.
+   */
+  uint64_t **levels;
+  unsigned depth;
+  bool has_flush_failed;        /* some target has flush_failed() */
   backend_vector backends;      /* distinct, each referenced once */
   struct mapper_caps caps;
-  bool has_flush_failed;        /* some target has flush_failed() */
   size_t nr_flush_hooks;        /* targets with a flush() hook */
 };
+/* Keys in one node of the lookup index: one cache line. */
+#define TABLE_INDEX_KEYS (64 / sizeof (uint64_t))
 /* Index of the target containing byte offset off (< caps.size). */
 size_t table_find_target (const struct table *t, uint64_t off);
 /* The targets' suspend/resume/flush hooks (target.h), in table order. */

@@ -5,6 +5,7 @@
  */
 #include <config.h>
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -29,7 +30,13 @@ find_target_type (const char *name)
 }
 
 DEFINE_VECTOR_TYPE (string_vector, char *);
-DEFINE_VECTOR_TYPE (target_vector, struct target);
+
+/* Blanks between words (a newline ends the line). */
+static bool
+is_blank (char c)
+{
+  return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
 
 /* Split line (modified in place) into words; '#' starting a word begins a
  * comment.  0 or -ENOMEM.
@@ -41,17 +48,35 @@ split_words (char *line, string_vector *words)
 
   words->len = 0;
   for (;;) {
-    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\v' || *p == '\f')
+    while (is_blank (*p))
       p++;
     if (*p == '\0' || *p == '#')
       return 0;
     if (string_vector_append (words, p) == -1)
       return -ENOMEM;
-    while (*p && *p != ' ' && *p != '\t' && *p != '\r' && *p != '\v' &&
-           *p != '\f')
+    while (*p && !is_blank (*p))
       p++;
     if (*p)
       *p++ = '\0';
+  }
+}
+
+/* The lines of text where split_words will find a word: the targets,
+ * counted first so that they are built in place (see struct target).
+ */
+static size_t
+count_target_lines (const char *p)
+{
+  size_t n = 0;
+
+  for (;;) {
+    while (is_blank (*p))
+      p++;
+    n += *p != '\0' && *p != '\n' && *p != '#';
+    p = strchr (p, '\n');
+    if (p == NULL)
+      return n;
+    p++;
   }
 }
 
@@ -59,6 +84,23 @@ static const char *
 number_error (int r)
 {
   return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
+}
+
+void *
+target_private_alloc (struct target *ti, size_t size)
+{
+  if (size <= sizeof ti->private_inline) {
+    memset (ti->private_inline, 0, sizeof ti->private_inline);
+    return ti->private_inline;
+  }
+  return calloc (1, size);
+}
+
+void
+target_private_free (struct target *ti, void *p)
+{
+  if (p != ti->private_inline)
+    free (p);
 }
 
 int
@@ -168,8 +210,94 @@ table_free (struct table *t)
   backend_vector_reset (&t->backends);
   free (t->targets);
   free (t->ends);
+  free (t->levels);
   free (t->origin);
   free (t);
+}
+
+/* The lookup index: a static B-tree over ends, the shape of Linux
+ * dm-table's, built once at load.  A node is one cache line of
+ * TABLE_INDEX_KEYS keys with INDEX_CHILDREN children, so a lookup in
+ * 100,000 targets reads 6 lines (the top levels stay cached) where a
+ * binary search over ends reads 17, most of them cold; see
+ * bench/bench-lookup.  Children are found by arithmetic (node n's are
+ * n * INDEX_CHILDREN + k), so it costs only its keys: about a byte per
+ * target.  Tables of up to TABLE_INDEX_KEYS targets have none, and keep
+ * ends unpadded: idle one-target devices pay nothing for it.
+ */
+#define INDEX_CHILDREN (TABLE_INDEX_KEYS + 1)
+#define INDEX_LINE 64
+/* INDEX_CHILDREN^21 > 2^64 nodes: no table is deeper. */
+#define INDEX_MAX_DEPTH 21
+
+/* The largest key under node n of level l (level t->depth is ends):
+ * the last key of its rightmost leaf, UINT64_MAX (padding) if that leaf
+ * is beyond the end.  Nodes are never missing from the middle of a
+ * level, so a node beyond a level's end has only such leaves below it.
+ */
+static uint64_t
+index_subtree_max (const struct table *t, size_t leaves, unsigned l,
+                   size_t n)
+{
+  for (; l < t->depth; l++)
+    n = n * INDEX_CHILDREN + TABLE_INDEX_KEYS;
+  return n < leaves ? t->ends[n * TABLE_INDEX_KEYS + TABLE_INDEX_KEYS - 1]
+    : UINT64_MAX;
+}
+
+/* Fill t->ends and build the index over it: 0 or -ENOMEM. */
+static int
+table_build_index (struct table *t)
+{
+  size_t leaves, count[INDEX_MAX_DEPTH + 1], keys = 0, hdr;
+  unsigned depth = 0;
+  uint64_t *p;
+
+  if (t->nr_targets <= TABLE_INDEX_KEYS) {
+    t->ends = malloc (t->nr_targets * sizeof *t->ends);
+    if (t->ends == NULL)
+      return -ENOMEM;
+    for (size_t i = 0; i < t->nr_targets; i++)
+      t->ends[i] = t->targets[i].begin + t->targets[i].len;
+    return 0;
+  }
+
+  /* Nodes per level: count[depth] leaves, up to count[0], the root. */
+  leaves = DIV_ROUND_UP (t->nr_targets, TABLE_INDEX_KEYS);
+  for (size_t n = leaves; n > 1; n = DIV_ROUND_UP (n, INDEX_CHILDREN))
+    depth++;
+  assert (depth >= 1 && depth <= INDEX_MAX_DEPTH);
+  count[depth] = leaves;
+  for (unsigned l = depth; l > 0; l--)
+    count[l - 1] = DIV_ROUND_UP (count[l], INDEX_CHILDREN);
+  assert (count[0] == 1);
+
+  /* Leaves: ends, padded.  Sizes are whole cache lines. */
+  t->ends = aligned_alloc (INDEX_LINE, leaves * INDEX_LINE);
+  if (t->ends == NULL)
+    return -ENOMEM;
+  for (size_t i = 0; i < leaves * TABLE_INDEX_KEYS; i++)
+    t->ends[i] = i < t->nr_targets
+      ? t->targets[i].begin + t->targets[i].len : UINT64_MAX;
+
+  /* Upper levels: one allocation, the level pointers in its first
+   * line(s), then the levels, root first.
+   */
+  for (unsigned l = 0; l < depth; l++)
+    keys += count[l] * TABLE_INDEX_KEYS;
+  hdr = DIV_ROUND_UP (depth * sizeof *t->levels, INDEX_LINE) * INDEX_LINE;
+  t->levels = aligned_alloc (INDEX_LINE, hdr + keys * sizeof (uint64_t));
+  if (t->levels == NULL)
+    return -ENOMEM;             /* ends freed with the table */
+  t->depth = depth;
+  p = (uint64_t *) ((char *) t->levels + hdr);
+  for (unsigned l = 0; l < depth; l++) {
+    t->levels[l] = p;
+    for (size_t n = 0; n < count[l]; n++)
+      for (size_t k = 0; k < TABLE_INDEX_KEYS; k++)
+        *p++ = index_subtree_max (t, leaves, l + 1, n * INDEX_CHILDREN + k);
+  }
+  return 0;
 }
 
 /* Parse one non-empty line into *ti (appended by the caller). */
@@ -261,10 +389,9 @@ table_parse (const char *text, const char *origin, struct table **out,
     struct text_copy copy_ = { strdup (text), strlen (text) };
   char *copy = copy_.p;
   string_vector words = empty_vector;
-  target_vector targets = empty_vector;
   struct table *t;
   char *line, *next;
-  size_t lineno = 0;
+  size_t lineno = 0, nr_lines, bytes;
   uint64_t expect = 0;
   int r = 0;
 
@@ -275,8 +402,26 @@ table_parse (const char *text, const char *origin, struct table **out,
     return -ENOMEM;
   }
 
+  /* The targets' array, exactly sized and cache-line aligned: each
+   * target is constructed in its final place (a target's private data
+   * may live inside it).
+   */
+  nr_lines = count_target_lines (copy);
+  if (nr_lines == 0) {
+    mapper_err_set (err, "%s: table is empty (no targets)", origin);
+    r = -EINVAL;
+    goto err;
+  }
+  if (__builtin_mul_overflow (nr_lines, sizeof *t->targets, &bytes) ||
+      (t->targets = aligned_alloc (_Alignof (struct target), bytes))
+      == NULL) {
+    mapper_err_set (err, "%s: out of memory", origin);
+    r = -ENOMEM;
+    goto err;
+  }
+
   for (line = copy; line; line = next) {
-    struct target ti;
+    struct target *ti = &t->targets[t->nr_targets];
 
     lineno++;
     next = strchr (line, '\n');
@@ -288,30 +433,17 @@ table_parse (const char *text, const char *origin, struct table **out,
     }
     if (words.len == 0)
       continue;
-    if ((r = parse_line (t, expect, &words, &ti, err)) < 0)
+    assert (t->nr_targets < nr_lines);
+    if ((r = parse_line (t, expect, &words, ti, err)) < 0)
       goto err_line;
-    if (target_vector_append (&targets, ti) == -1) {
-      if (ti.type->dtr)
-        ti.type->dtr (&ti);
-      r = -ENOMEM;
-      mapper_err_set (err, "out of memory");
-      goto err_line;
-    }
-    expect = ti.begin + ti.len;
+    t->nr_targets++;            /* table_free destroys it from here */
+    expect = ti->begin + ti->len;
   }
+  assert (t->nr_targets == nr_lines);
 
-  if (targets.len == 0) {
-    mapper_err_set (err, "%s: table is empty (no targets)", origin);
-    r = -EINVAL;
-    goto err;
-  }
-  /* Immutable from here: give back the vectors' growth room (a one-target
-   * table would keep room for four; 10,000 idle devices pay for it).
+  /* Immutable from here: give back the backends' growth room (10,000
+   * idle devices pay for it).
    */
-  t->targets = realloc (targets.ptr, targets.len * sizeof *targets.ptr)
-    ? : targets.ptr;
-  t->nr_targets = targets.len;
-  targets = (target_vector) empty_vector;
   if (t->backends.len > 0 && t->backends.len < t->backends.cap) {
     struct backend **p = realloc (t->backends.ptr,
                                   t->backends.len * sizeof *p);
@@ -320,16 +452,13 @@ table_parse (const char *text, const char *origin, struct table **out,
       t->backends.cap = t->backends.len;
     }
   }
-  t->ends = malloc (t->nr_targets * sizeof *t->ends);
-  if (t->ends == NULL) {
+  if (table_build_index (t) < 0) {
     mapper_err_set (err, "%s: out of memory", origin);
     r = -ENOMEM;
     goto err;
   }
-  for (size_t i = 0; i < t->nr_targets; i++) {
-    t->ends[i] = t->targets[i].begin + t->targets[i].len;
+  for (size_t i = 0; i < t->nr_targets; i++)
     t->nr_flush_hooks += t->targets[i].type->flush != NULL;
-  }
   table_merge_caps (t);
   string_vector_reset (&words);
   *out = t;
@@ -342,10 +471,6 @@ table_parse (const char *text, const char *origin, struct table **out,
     *err = e2;
   }
  err:
-  for (size_t i = 0; i < targets.len; i++)
-    if (targets.ptr[i].type->dtr)
-      targets.ptr[i].type->dtr (&targets.ptr[i]);
-  target_vector_reset (&targets);
   string_vector_reset (&words);
   table_free (t);
   return r;
@@ -398,20 +523,53 @@ table_parse_file (const char *path, struct table **out,
   return r;
 }
 
+/* How many of a node's keys are <= off: the child to take, or in a leaf
+ * the entry.  Without a branch: where the answer falls is random, and a
+ * mispredicted branch per level costs more than the compares.
+ */
+static inline size_t
+node_rank (const uint64_t *node, uint64_t off)
+{
+  size_t k = 0;
+
+#pragma GCC unroll 8
+  for (size_t i = 0; i < TABLE_INDEX_KEYS; i++)
+    k += node[i] <= off;
+  return k;
+}
+
 size_t
 table_find_target (const struct table *t, uint64_t off)
 {
-  size_t lo = 0, hi = t->nr_targets - 1;
+  size_t n = 0;
 
-  /* First target whose end is beyond off. */
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (t->ends[mid] > off)
-      hi = mid;
-    else
-      lo = mid + 1;
+  /* The first target whose end is beyond off. */
+  if (t->depth == 0) {
+    /* A single short node, unpadded; the last end (caps.size > off)
+     * needs no look.
+     */
+    for (size_t i = 0; i + 1 < t->nr_targets; i++)
+      n += t->ends[i] <= off;
+    return n;
   }
-  return lo;
+  for (unsigned l = 0; l < t->depth; l++)
+    n = n * INDEX_CHILDREN +
+      node_rank (t->levels[l] + n * TABLE_INDEX_KEYS, off);
+  /* Leaf n: the target is one of its TABLE_INDEX_KEYS, and every caller
+   * reads it next.  On a wide table it is cold: fetch all their lines
+   * (one each) now, while the leaf comes in, rather than one miss after
+   * the other.  Only the last leaf is short.
+   */
+  n *= TABLE_INDEX_KEYS;
+  if (n + TABLE_INDEX_KEYS <= t->nr_targets) {
+#pragma GCC unroll 8
+    for (size_t i = 0; i < TABLE_INDEX_KEYS; i++)
+      __builtin_prefetch (&t->targets[n + i]);
+  }
+  else
+    for (size_t i = n; i < t->nr_targets; i++)
+      __builtin_prefetch (&t->targets[i]);
+  return n + node_rank (t->ends + n, off);
 }
 
 void

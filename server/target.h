@@ -15,13 +15,23 @@ struct io_req;
 struct backend;
 struct extent_walk;
 
+/* One cache line, built in place in the table's array and never moved,
+ * so that a small private struct can live inside it
+ * (target_private_alloc): a request on a cold wide table then misses
+ * once per target, not twice.
+ */
+#define TARGET_PRIVATE_INLINE 24
 struct target {
   /* Read-only after the table is built. */
   const struct target_type *type;
   struct table *table;          /* owner, for target_get_backend */
   uint64_t begin, len;          /* bytes, in device coordinates */
   void *private;                /* the target's own state */
-};
+  /* Storage for private, see target_private_alloc. */
+  unsigned char private_inline[TARGET_PRIVATE_INLINE]
+    __attribute__ ((aligned (8)));
+} __attribute__ ((aligned (64)));
+_Static_assert (sizeof (struct target) == 64, "struct target: one line");
 
 enum status_type { STATUSTYPE_INFO, STATUSTYPE_TABLE };
 
@@ -104,6 +114,14 @@ extern const struct target_type crypt_target;
 int target_get_backend (struct target *ti, const char *spec,
                         uint64_t start, uint64_t len,
                         struct backend **out, struct mapper_err *err);
+
+/* table.c: for constructors: zeroed memory for the target's private
+ * struct (needing at most 8-byte alignment), inside ti itself when it
+ * fits, else from malloc.  NULL if out of memory.  Free it with
+ * target_private_free (ti, p), which does nothing for the former.
+ */
+void *target_private_alloc (struct target *ti, size_t size);
+void target_private_free (struct target *ti, void *p);
 
 /* table.c: the constructor of targets that take no arguments. */
 int target_ctr_no_args (struct target *ti, unsigned argc, char **argv,

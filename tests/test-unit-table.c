@@ -1,5 +1,5 @@
 /* Unit tests: table parsing (every bad-table case), table_format round
- * trips, capabilities, backend sharing, device names.
+ * trips, capabilities, backend sharing, the lookup index, device names.
  */
 #include <config.h>
 
@@ -639,6 +639,159 @@ test_distinct_backends (void)
   CHECK (unit_count_fds () == fds0);
 }
 
+/* --- lookup ------------------------------------------------------------- */
+
+static uint64_t lookup_seed = 0x2545f4914f6cdd1dULL;
+
+static uint64_t
+lookup_rand (void)
+{
+  lookup_seed ^= lookup_seed << 13;
+  lookup_seed ^= lookup_seed >> 7;
+  lookup_seed ^= lookup_seed << 17;
+  return lookup_seed;
+}
+
+/* The reference: the first target whose end is beyond off, by a plain
+ * scan of the targets themselves (neither ends nor the index).
+ */
+static size_t
+scan_find (const struct table *t, uint64_t off)
+{
+  size_t i = 0;
+
+  while (off >= t->targets[i].begin + t->targets[i].len)
+    i++;
+  return i;
+}
+
+/* n zero targets of random lengths: mostly a few sectors, some long, a
+ * few huge, so that nodes hold every mix.
+ */
+static struct table *
+random_table (size_t n)
+{
+  char *text = malloc (n * 64 + 1), *p = text;
+  uint64_t start = 0;
+  struct table *t;
+
+  if (text == NULL)
+    UNIT_FATAL ("out of memory");
+  for (size_t i = 0; i < n; i++) {
+    unsigned kind = lookup_rand () % 100;
+    uint64_t len = 1 + lookup_rand () % (kind < 60 ? 8 : kind < 90 ? 1000 :
+                                         kind < 99 ? 1 << 20 : 1ULL << 31);
+
+    p += sprintf (p, "%" PRIu64 " %" PRIu64 " zero\n", start, len);
+    start += len;
+  }
+  t = parse_ok (text);
+  free (text);
+  return t;
+}
+
+/* table_find_target must give the same answer as a scan, for every
+ * target boundary and the offsets either side of it, and for random
+ * offsets, on tables whose sizes straddle the index's node and level
+ * sizes (8 keys, 9 children: 8, 72, 648, 5832 targets fill 1-4 levels).
+ */
+static void
+test_lookup (void)
+{
+  static const size_t sizes[] = {
+    1, 2, 7, 8, 9, 63, 64, 65, 71, 72, 73, 511, 647, 648, 649, 4096,
+    5831, 5832, 5833, 100000,
+  };
+
+  for (size_t s = 0; s < ARRAY_SIZE (sizes); s++) {
+    size_t n = sizes[s];
+    size_t nr_random = n <= 1000 ? 20000 : n <= 5833 ? 2000 : 1000;
+
+    for (int rep = 0; rep < (n <= 5833 ? 3 : 1); rep++) {
+      struct table *t = random_table (n);
+      unsigned bad = 0;
+      uint64_t size;
+
+      if (t == NULL)
+        continue;
+      size = t->caps.size;
+      CHECK_EQ (table_nr_targets (t), n);
+      /* Small tables have no index and keep ends unpadded; the index's
+       * nodes are whole cache lines.
+       */
+      if (n <= TABLE_INDEX_KEYS)
+        CHECK (t->depth == 0 && t->levels == NULL);
+      else {
+        CHECK (t->depth >= 1);
+        CHECK ((uintptr_t) t->ends % 64 == 0);
+        for (unsigned l = 0; l < t->depth; l++)
+          CHECK ((uintptr_t) t->levels[l] % 64 == 0);
+      }
+
+#define EXPECT(off, want) do { \
+  uint64_t _off = (off); size_t _want = (want); \
+  size_t _got = table_find_target (t, _off); \
+  if (_got != _want && bad++ < 5) { \
+    fprintf (stderr, "test-unit-table.c:%d: %zu targets: offset %" PRIu64 \
+             ": table_find_target %zu, expected %zu\n", __LINE__, n, _off, \
+             _got, _want); \
+    unit_failures++; } } while (0)
+      for (size_t i = 0; i < n; i++) {
+        uint64_t b = t->targets[i].begin, e = b + t->targets[i].len;
+
+        /* Contiguous targets: the scan's answer in [b, e) is i. */
+        CHECK_EQ (b, i ? t->targets[i - 1].begin + t->targets[i - 1].len
+                  : 0);
+        if (n <= 1000) {
+          CHECK_EQ (scan_find (t, b), i);
+          CHECK_EQ (scan_find (t, e - 1), i);
+        }
+        if (i > 0)
+          EXPECT (b - 1, i - 1);
+        EXPECT (b, i);
+        EXPECT (b + 1, i);
+        EXPECT (e - 1, i);
+        if (i + 1 < n)
+          EXPECT (e, i + 1);
+      }
+      for (size_t j = 0; j < nr_random; j++) {
+        uint64_t off = lookup_rand () % size;
+        EXPECT (off, scan_find (t, off));
+      }
+#undef EXPECT
+      table_free (t);
+    }
+  }
+}
+
+/* Targets are one aligned cache line each, a small private struct
+ * (linear's) inside it; a bigger one is allocated.
+ */
+static void
+test_target_layout (void)
+{
+  char *s = unit_sprintf ("0 8 linear %s 0\n8 8 zero\n16 8 linear %s 8\n",
+                          A, B);
+  struct table *t = parse_ok (s);
+  struct target ti = { 0 };
+  void *p;
+
+  free (s);
+  if (t) {
+    CHECK ((uintptr_t) t->targets % 64 == 0);
+    CHECK (t->targets[0].private == t->targets[0].private_inline);
+    CHECK (t->targets[2].private == t->targets[2].private_inline);
+    table_free (t);
+  }
+  p = target_private_alloc (&ti, TARGET_PRIVATE_INLINE);
+  CHECK (p == ti.private_inline);
+  target_private_free (&ti, p);
+  p = target_private_alloc (&ti, TARGET_PRIVATE_INLINE + 1);
+  CHECK (p != NULL && p != ti.private_inline);
+  CHECK (unit_is_zero (p, TARGET_PRIVATE_INLINE + 1));
+  target_private_free (&ti, p);
+}
+
 /* --- device names and the registry -------------------------------------- */
 
 static void
@@ -758,6 +911,8 @@ main (void)
   test_parse_file ();
   test_good_tables ();
   test_distinct_backends ();
+  test_lookup ();
+  test_target_layout ();
   test_device_names ();
   teardown ();
   UNIT_EXIT ();

@@ -31,7 +31,7 @@ linear_ctr (struct target *ti, unsigned argc, char **argv,
                     : "is not a non-negative integer");
     return -EINVAL;
   }
-  lc = malloc (sizeof *lc);
+  lc = target_private_alloc (ti, sizeof *lc);
   if (lc == NULL) {
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
@@ -39,7 +39,7 @@ linear_ctr (struct target *ti, unsigned argc, char **argv,
   lc->start = start;
   r = target_get_backend (ti, argv[0], start, ti->len, &lc->be, err);
   if (r < 0) {
-    free (lc);
+    target_private_free (ti, lc);
     return r;
   }
   ti->private = lc;
@@ -49,7 +49,7 @@ linear_ctr (struct target *ti, unsigned argc, char **argv,
 static void
 linear_dtr (struct target *ti)
 {
-  free (ti->private);
+  target_private_free (ti, ti->private);
 }
 
 static int

@@ -51,9 +51,7 @@ struct mirror_leg {
 };
 
 struct mirror {
-  /* Read-only after ctr.  (Not the struct target: the table moves it
-   * while it is being built.)
-   */
+  /* Read-only after ctr. */
   const struct table *table;    /* for origin in messages */
   uint64_t len;                 /* target length, bytes */
   uint64_t region_size;         /* bytes, a power of two */
