@@ -54,7 +54,9 @@ _run_cmd ()
 #   mapper -U - "$tmpdir/a.table" --run 'nbdinfo "$uri"'
 # The plugin path goes after the leading options.  Under a sanitizer build,
 # the ASan runtime is preloaded into nbdkit (which is not itself
-# instrumented); children of --run do not get it.
+# instrumented); children of --run do not get it.  With MAPPER_NETNS=NAME,
+# nbdkit runs in that network namespace (ip netns exec), environment and
+# all.
 mapper ()
 {
     local opts=() rest=()
@@ -74,13 +76,17 @@ mapper ()
             rest+=("$1"); shift
         fi
     done
-    if [ -n "$SANITIZER_LIBASAN" ]; then
-        LD_PRELOAD="$SANITIZER_LIBASAN" \
-        ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
-            nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}"
-    else
-        nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}"
+    # "env" rather than VAR=... so that the settings go through a
+    # wrapper such as "ip netns exec" and reach nbdkit alone.
+    local pre=()
+    if [ -n "${MAPPER_NETNS:-}" ]; then
+        pre=(ip netns exec "$MAPPER_NETNS")
     fi
+    if [ -n "$SANITIZER_LIBASAN" ]; then
+        pre+=(env LD_PRELOAD="$SANITIZER_LIBASAN"
+              ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}")
+    fi
+    "${pre[@]}" nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}"
 }
 
 # mkfile NAME SIZE: a sparse backing file in the scratch dir; prints its path.
