@@ -36,7 +36,12 @@ _run_cleanups ()
     exit $status
 }
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
-trap _run_cleanups EXIT INT TERM
+# A signal exits with 128+N, which runs the cleanups once (as the EXIT
+# trap) and fails the test: trapping INT and TERM with _run_cleanups too
+# ran them twice and exited with the last command's status, often 0.
+trap _run_cleanups EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # The command nbdkit --run should get: its children must not inherit the
 # ASan runtime (qemu-img, python and fio are not built for it).
