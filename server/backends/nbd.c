@@ -611,11 +611,23 @@ conn_drop (struct nbd_conn *conn, const char *why)
   bool was_up = conn->state == CONN_UP;
   struct nbd_cmd *cmd;
 
+  /* libnbd's last error says why only when the handle died; after a
+   * timeout it is whatever call failed last on this thread.
+   */
+  const char *error = conn->h && conn_dead (conn) ? nbd_get_error () : NULL;
+
   LOG ("%s: connection %u %s -> down: %s%s%s", nb->uri, conn->index,
-       conn_state_name[conn->state], why, conn->h ? ": " : "",
-       conn->h && nbd_get_error () ? nbd_get_error () : "");
+       conn_state_name[conn->state], why, error ? ": " : "",
+       error ? error : "");
   ev_io_stop (l, &conn->io);
   close_handle (conn, false);
+  /* Down from now on: any_up below must not count this connection, or
+   * the last one to go never starts down_since, and requests wait out
+   * their whole timeout instead of failing at once while reconnects
+   * fail (they fail without a conn_drop when connect(2) does at once,
+   * e.g. ENETUNREACH).
+   */
+  conn->state = CONN_DOWN;
   conn->lost = false;
   if (was_up) {
     nb->nr_losses++;
