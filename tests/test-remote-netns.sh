@@ -4,20 +4,24 @@
 # Namespace B runs the backend (nbdkit file) on its end of a veth pair,
 # namespace A runs nbdkit mapper with a remote device on it and a local
 # device; clients reach the mapper over a Unix socket (which works across
-# namespaces).  "ip link set vb down" in B makes a silent peer: no RST, no
-# FIN, the connections just stop answering (unlike a killed server).
+# namespaces).  A link set down is not a killed server: no RST, no FIN,
+# established connections just stop answering and only the mapper's own
+# timers notice.
 #
-#  1. The link is cut for a second in the middle of a verified fio run
+#  1. B's end goes down for a second in the middle of a verified fio run
 #     (remote-timeout=10): fio finishes with no error, the local device
 #     works meanwhile, and the remote device reads back byte for byte what
 #     the backend's file holds.
-#  2. The link is cut and stays down (remote-timeout=3): remote reads and
-#     writes fail with EIO instead of hanging (each client call is under a
-#     timeout), the local device keeps working, the server stays up and its
-#     log shows the stalled connection dropped and reconnecting; once the
-#     link is back, the device works again.
-#  3. Writes acknowledged before the loss and never flushed: the next flush
-#     fails with EIO, once; the one after succeeds.
+#  2. A's end goes down and stays down (remote-timeout=3), so reconnects
+#     fail at once (ENETUNREACH): remote reads and writes fail with EIO
+#     instead of hanging (every client call is under a timeout), each
+#     connection is dropped as stalled, and once the backend has had no
+#     connection for longer than remote-timeout, requests fail at once
+#     rather than each waiting out its own timeout; the local device keeps
+#     working and the server stays up.  Once the link is back, the device
+#     works again.
+#  3. A write acknowledged before the loss and never flushed: the next
+#     flush fails with EIO, once; the one after succeeds.
 #
 # The host's own interfaces and addresses are never touched: the two
 # namespaces and the veth pair between them are created here (the pair
@@ -59,7 +63,8 @@ for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up; done
 ip -n "$nsa" link set va up
 ip -n "$nsb" link set vb up
 
-link () { ip -n "$nsb" link set vb "$1"; }
+# link NS DEV up|down
+link () { ip -n "$1" link set "$2" "$3"; }
 
 # The backend, in B on its veth address only.
 f=$(mkfile remote.img 16M)
@@ -110,7 +115,7 @@ start_mapper 10 "$tmpdir/mapper1.log"
     --verify_state_save=0 ) > "$tmpdir/fio.out" 2>&1 &
 fio=$!
 sleep 1
-link down
+link "$nsb" vb down
 # The local device serves while the remote one is cut off.
 timeout 60 nbdsh -u "$local_uri" -c '
 for i in range(16):
@@ -121,7 +126,7 @@ h.flush()
 ' || die "case 1: the local device failed while the link was down"
 sleep 1
 kill -0 "$fio" 2>/dev/null || { cat "$tmpdir/fio.out"; die "case 1: fio ended before the link came back"; }
-link up
+link "$nsb" vb up
 wait "$fio" || { cat "$tmpdir/fio.out"; die "case 1: fio failed"; }
 if grep -Ei 'verify.*(fail|bad)|bad magic|err= *[1-9]' "$tmpdir/fio.out"; then
     cat "$tmpdir/fio.out"; die "case 1: fio reported errors"
@@ -138,9 +143,10 @@ stop_mapper
 # --- 2. cut and left down; 3. flush after the loss ------------------------
 start_mapper 3 "$tmpdir/mapper2.log"
 cat > "$tmpdir/down.py" <<'EOF'
-import errno, os, subprocess, sys, time
+import errno, os, re, subprocess, sys, time
 import nbd
-sock, nsb, img, pidfile = sys.argv[1:5]
+sock, nsa, img, pidfile, log = sys.argv[1:6]
+timeout = int(sys.argv[6])
 
 def conn(name):
     h = nbd.NBD()
@@ -148,7 +154,7 @@ def conn(name):
     return h
 
 def link(state):
-    subprocess.check_call(["ip", "-n", nsb, "link", "set", "vb", state])
+    subprocess.check_call(["ip", "-n", nsa, "link", "set", "va", state])
 
 def eio(f, *args):
     try:
@@ -167,9 +173,24 @@ def wait(h, cookie):
         return e.errnum
     return 0
 
+def log_text():
+    with open(log) as fp:
+        return fp.read()
+
+def dropped():
+    return set(re.findall(r"connection (\d+) up -> down: request timed out",
+                          log_text()))
+
+nconns = int(re.search(r"(\d+) connections?;", log_text()).group(1))
 r, loc = conn("remote"), conn("local")
 r.pwrite(b"F" * 65536, 0)
 r.flush()
+for i in range(600):            # every connection up before the cut
+    if len(re.findall(r"connection \d+ -> up", log_text())) >= nconns:
+        break
+    time.sleep(0.1)
+else:
+    raise AssertionError("not all %d connections came up" % nconns)
 r.pwrite(b"U" * 4096, 65536)    # acknowledged, never flushed (case 3)
 
 link("down")
@@ -185,15 +206,29 @@ loc.flush()
 assert wait(r, rd) == errno.EIO, "read over a cut link did not fail with EIO"
 assert wait(r, wr) == errno.EIO, "write over a cut link did not fail with EIO"
 print("cut link: read and write failed with EIO")
-# Still down: every request fails, whichever connection it gets.
-for i in range(3):
+# Each connection looks up until a request on it stalls: read until
+# every one was dropped.
+for i in range(2 * nconns):
+    if len(dropped()) == nconns:
+        break
     assert eio(r.pread, 4096, 0), "a read worked with the link down"
+assert len(dropped()) == nconns, "dropped: %s" % sorted(dropped())
+print("cut link: all %d connections dropped as stalled" % nconns)
+# No connection for longer than remote-timeout, and reconnects fail at
+# once: requests fail at once, none waits for a connection any more.
+time.sleep(timeout + 1)
+mark = len(log_text())
+for i in range(5):
+    assert eio(r.pread, 4096, 0), "a read worked with the link down"
+    assert eio(r.pwrite, b"X" * 512, 1 << 20), "a write worked"
+assert "waiting for a connection" not in log_text()[mark:], \
+    "requests still wait for a connection of a backend known to be down"
 # The server is up: new clients connect, the local device works.
 loc2 = conn("local")
 assert loc2.pread(512, 0) == b"a" * 512
 loc2.shutdown()
 os.kill(int(open(pidfile).read()), 0)
-print("cut link: the local device and new connections still work")
+print("cut link: a backend known down fails at once; the local device works")
 
 link("up")
 # Back: the device works again once a connection is up (bounded wait).
@@ -208,7 +243,7 @@ else:
     raise AssertionError("the device did not come back after the link did")
 assert data == b"U" * 4096
 assert r.pread(65536, 0) == b"F" * 65536
-print("link restored: the device reads again after %d failed tries" % i)
+print("link restored: the device reads again")
 
 # 3. The "U" write was acknowledged, not flushed, when the connection went.
 assert eio(r.flush), "flush after a lost connection succeeded"
@@ -224,18 +259,18 @@ with open(img, "rb") as fp:
     assert fp.read(4096) == b"V" * 4096
 print("flush after the lost connection: EIO once, then fine")
 EOF
-timeout 300 python3 "$tmpdir/down.py" "$sock" "$nsb" "$f" "$tmpdir/mapper.pid" ||
-    { tail -40 "$tmpdir/mapper2.log"; link up || :; die "case 2/3"; }
-
-# The log: the stalled connection dropped, reconnect attempts, and a
-# connection up again after the link was restored.
 log=$tmpdir/mapper2.log
-grep -E 'connection [0-9]+ up -> down: request timed out' "$log" ||
-    { tail -40 "$log"; die "no stalled connection in the log"; }
-grep -Eq 'connection [0-9]+ -> connecting' "$log" ||
-    { tail -40 "$log"; die "no reconnect attempt in the log"; }
-tail -n +"$(grep -nE 'up -> down: request timed out' "$log" | head -1 | cut -d: -f1)" "$log" |
-    grep -E 'connection [0-9]+ -> up' | head -1 | grep -q . ||
-    { tail -40 "$log"; die "no connection came back up in the log"; }
+timeout 300 python3 "$tmpdir/down.py" "$sock" "$nsa" "$f" "$tmpdir/mapper.pid" \
+        "$log" 3 ||
+    { link "$nsa" va up || :; grep 'nbd://' "$log" | tail -40; die "case 2/3"; }
+
+# The log: connections dropped as stalled, reconnects failing while the
+# link was down, and a connection up again after it came back.
+grep -E 'connection [0-9]+ up -> down: request timed out' "$log"
+grep -Eq 'connection [0-9]+: connect: .*unreachable' "$log" ||
+    { grep 'nbd://' "$log" | tail -40; die "no failed reconnect in the log"; }
+first=$(grep -nE 'up -> down: request timed out' "$log" | head -1 | cut -d: -f1)
+tail -n +"$first" "$log" | grep -Eq 'connection [0-9]+ -> up' ||
+    { grep 'nbd://' "$log" | tail -40; die "no connection came back up in the log"; }
 kill -0 "$(cat "$tmpdir/mapper.pid")" || die "the mapper is gone"
 echo "$0: ok"
