@@ -31,4 +31,5 @@ SHELL_TESTS = \
 	test-remote-caps.sh \
 	test-remote-flush.sh \
 	test-remote-netns.sh \
+	test-remote-multiconn.sh \
 	test-list-exports-limit.sh
