@@ -740,6 +740,11 @@ conn_connect (struct nbd_conn *conn)
   struct nbd_backend *nb = conn->nb;
   struct ev_loop *l = ioloop_ev ();
 
+  /* Known limitation: for nbd:// and nbds:// with a host name, libnbd
+   * resolves it here with a blocking getaddrinfo, in the loop thread:
+   * a slow or unreachable resolver stalls every backend's I/O (and
+   * the deadlines) meanwhile.  Numeric addresses and Unix sockets don't.
+   */
   conn->h = new_handle (nb, conn->index);
   if (conn->h == NULL || nbd_aio_connect_uri (conn->h, nb->uri) == -1) {
     LOG ("%s: connection %u: connect: %s", nb->uri, conn->index,
