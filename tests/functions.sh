@@ -36,7 +36,12 @@ _run_cleanups ()
     exit $status
 }
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
-trap _run_cleanups EXIT INT TERM
+# A signal exits with 128+N, which runs the cleanups once (as the EXIT
+# trap) and fails the test: trapping INT and TERM with _run_cleanups too
+# ran them twice and exited with the last command's status, often 0.
+trap _run_cleanups EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # The command nbdkit --run should get: its children must not inherit the
 # ASan runtime (qemu-img, python and fio are not built for it).
@@ -54,7 +59,9 @@ _run_cmd ()
 #   mapper -U - "$tmpdir/a.table" --run 'nbdinfo "$uri"'
 # The plugin path goes after the leading options.  Under a sanitizer build,
 # the ASan runtime is preloaded into nbdkit (which is not itself
-# instrumented); children of --run do not get it.
+# instrumented); children of --run do not get it.  With MAPPER_NETNS=NAME,
+# nbdkit runs in that network namespace (ip netns exec), environment and
+# all.
 mapper ()
 {
     local opts=() rest=()
@@ -74,14 +81,18 @@ mapper ()
             rest+=("$1"); shift
         fi
     done
-    local rc=0
-    if [ -n "$SANITIZER_LIBASAN" ]; then
-        LD_PRELOAD="$SANITIZER_LIBASAN" \
-        ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
-            nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}" || rc=$?
-    else
-        nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}" || rc=$?
+    # "env" rather than VAR=... so that the settings go through a
+    # wrapper such as "ip netns exec" and reach nbdkit alone.
+    local pre=()
+    if [ -n "${MAPPER_NETNS:-}" ]; then
+        pre=(ip netns exec "$MAPPER_NETNS")
     fi
+    if [ -n "$SANITIZER_LIBASAN" ]; then
+        pre+=(env LD_PRELOAD="$SANITIZER_LIBASAN"
+              ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}")
+    fi
+    local rc=0
+    "${pre[@]}" nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}" || rc=$?
     [ "$rc" -eq 0 ] || return "$rc"
     # A daemonised nbdkit writes its pid file after the parent has exited:
     # callers read it at once, so wait for it here.

@@ -24,7 +24,9 @@ backend_tcp ()
     wait_file "$tmpdir/$name.pid"
 }
 
-# kill_backend NAME [SIGNAL]: stop it (and wait until it is gone).
+# kill_backend NAME [SIGNAL]: stop it (and wait until it is gone).  A
+# daemon's parent is init, which may be slow to reap it: a zombie is gone
+# (its sockets are closed).
 kill_backend ()
 {
     local pid i
@@ -34,6 +36,7 @@ kill_backend ()
     kill "-${2:-TERM}" "$pid" 2>/dev/null || return 0
     for (( i = 0; i < 100; i++ )); do
         kill -0 "$pid" 2>/dev/null || return 0
+        [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 0
         sleep 0.1
     done
 }

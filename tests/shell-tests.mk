@@ -30,4 +30,6 @@ SHELL_TESTS = \
 	test-remote-tls.sh \
 	test-remote-caps.sh \
 	test-remote-flush.sh \
+	test-remote-netns.sh \
+	test-remote-multiconn.sh \
 	test-list-exports-limit.sh

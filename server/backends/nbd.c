@@ -89,10 +89,13 @@ struct nbd_conn {
   ev_timer timer;               /* down: back-off; connecting: deadline */
   double backoff;
   bool lost;                    /* a command saw the connection go */
+  bool retired;                 /* multi-conn lost (keep_only): never reopened */
   struct cmd_list inflight;
 };
 
-/* What the first handshake promised; a reconnection must keep it. */
+/* What the first handshake promised; a reconnection must keep it, except
+ * multi-conn: without it the backend goes on with one connection.
+ */
 struct nbd_export {
   int64_t size;
   bool read_only, flush, fua, trim, zero, fast_zero, multi_conn, extents;
@@ -118,6 +121,7 @@ struct nbd_backend {
   unsigned outstanding;         /* commands waiting or issued */
   ev_timer tick;                /* request deadlines, while outstanding */
   ev_tstamp down_since;         /* no connection up since, or 0 */
+  bool single;                  /* multi-conn lost: one connection left */
   uint64_t nr_losses, nr_retries, nr_timeouts;
 };
 
@@ -529,8 +533,6 @@ export_changed (const struct nbd_backend *nb, const struct nbd_export *now)
       (was->fast_zero && !now->fast_zero) ||
       (was->extents && !now->extents))
     return "the export lost a capability";
-  if (nb->nr_conns > 1 && !now->multi_conn)
-    return "the server no longer allows multi-conn";
   if (now->block_min > was->block_min || now->block_max < nb->max_payload)
     return "the export's block size limits changed";
   return NULL;
@@ -583,6 +585,8 @@ conn_retry_later (struct nbd_conn *conn)
 
   conn->state = CONN_DOWN;
   ev_timer_stop (l, &conn->timer);
+  if (conn->retired)
+    return;
   ev_timer_set (&conn->timer, conn->backoff, 0);
   ev_timer_start (l, &conn->timer);
   conn->backoff = conn->backoff ? MIN (conn->backoff * 2, BACKOFF_MAX)
@@ -611,11 +615,23 @@ conn_drop (struct nbd_conn *conn, const char *why)
   bool was_up = conn->state == CONN_UP;
   struct nbd_cmd *cmd;
 
+  /* libnbd's last error says why only when the handle died; after a
+   * timeout it is whatever call failed last on this thread.
+   */
+  const char *error = conn->h && conn_dead (conn) ? nbd_get_error () : NULL;
+
   LOG ("%s: connection %u %s -> down: %s%s%s", nb->uri, conn->index,
-       conn_state_name[conn->state], why, conn->h ? ": " : "",
-       conn->h && nbd_get_error () ? nbd_get_error () : "");
+       conn_state_name[conn->state], why, error ? ": " : "",
+       error ? error : "");
   ev_io_stop (l, &conn->io);
   close_handle (conn, false);
+  /* Down from now on: any_up below must not count this connection, or
+   * the last one to go never starts down_since, and requests wait out
+   * their whole timeout instead of failing at once while reconnects
+   * fail (they fail without a conn_drop when connect(2) does at once,
+   * e.g. ENETUNREACH).
+   */
+  conn->state = CONN_DOWN;
   conn->lost = false;
   if (was_up) {
     nb->nr_losses++;
@@ -639,6 +655,33 @@ conn_drop (struct nbd_conn *conn, const char *why)
   conn_retry_later (conn);
 }
 
+/* The server no longer allows multi-conn: a flush on one connection
+ * need not cover writes made on another, so carry on with keep alone.
+ * The others are closed for good: their commands are retried on keep,
+ * and the writes acknowledged on them count as lost (conn_drop), so the
+ * next flush fails once.
+ */
+static void
+keep_only (struct nbd_conn *keep)
+{
+  struct nbd_backend *nb = keep->nb;
+
+  LOG ("%s: the server no longer allows multi-conn: connection %u only "
+       "from now on", nb->uri, keep->index);
+  nb->single = true;
+  for (unsigned i = 0; i < nb->nr_conns; i++) {
+    struct nbd_conn *conn = &nb->conns[i];
+
+    if (conn == keep)
+      continue;
+    conn->retired = true;
+    if (conn->h)
+      conn_drop (conn, "no multi-conn");
+    else
+      conn_retry_later (conn);  /* stops its timer */
+  }
+}
+
 static void
 conn_up (struct nbd_conn *conn)
 {
@@ -655,6 +698,8 @@ conn_up (struct nbd_conn *conn)
     conn_retry_later (conn);
     return;
   }
+  if (nb->nr_conns > 1 && !nb->single && !now.multi_conn)
+    keep_only (conn);
   ev_timer_stop (ioloop_ev (), &conn->timer);
   conn->state = CONN_UP;
   conn->backoff = BACKOFF_MIN;
@@ -695,6 +740,11 @@ conn_connect (struct nbd_conn *conn)
   struct nbd_backend *nb = conn->nb;
   struct ev_loop *l = ioloop_ev ();
 
+  /* Known limitation: for nbd:// and nbds:// with a host name, libnbd
+   * resolves it here with a blocking getaddrinfo, in the loop thread:
+   * a slow or unreachable resolver stalls every backend's I/O (and
+   * the deadlines) meanwhile.  Numeric addresses and Unix sockets don't.
+   */
   conn->h = new_handle (nb, conn->index);
   if (conn->h == NULL || nbd_aio_connect_uri (conn->h, nb->uri) == -1) {
     LOG ("%s: connection %u: connect: %s", nb->uri, conn->index,
@@ -948,14 +998,16 @@ status_run (void *arg)
 {
   struct status_call *s = arg;
   struct nbd_backend *nb = s->nb;
-  unsigned up = 0;
+  unsigned up = 0, usable = 0;
   int n;
 
-  for (unsigned i = 0; i < nb->nr_conns; i++)
+  for (unsigned i = 0; i < nb->nr_conns; i++) {
     up += nb->conns[i].state == CONN_UP;
+    usable += !nb->conns[i].retired;
+  }
   if (nb->attached_gen == 0) /* never used: only the probe */
     up = nb->probe && nbd_aio_is_ready (nb->probe);
-  n = snprintf (s->buf, s->len, "%u/%u connections up", up, nb->nr_conns);
+  n = snprintf (s->buf, s->len, "%u/%u connections up", up, usable);
   if (up == 0 && nb->down_since && nb->attached_gen == ioloop_generation ())
     n += snprintf (s->buf + MIN ((size_t) n, s->len),
                    s->len - MIN ((size_t) n, s->len),

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# A remote backend whose server comes back without multi-conn goes on
+# with one connection: requests (retried ones included) are served, the
+# writes acknowledged before the loss make the next flush fail with EIO
+# once, and the other connections are not reopened.  A server that comes
+# back read-only still breaks a promise of the first handshake: it is not
+# used (requests fail with EIO) until a writable one is back.
+#
+# The server is nbdkit eval over a file (dd), whose can_multi_conn we
+# choose; nbdkit 1.32's multi-conn filter asserts when a client closes a
+# connection mid-handshake, which is what closing the others does.
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+source "$top_srcdir/tests/remote-functions.sh"
+
+requires nbdkit --version
+requires nbdsh --version
+requires nbdkit eval --version
+requires dd --version
+requires timeout --version
+
+f=$(mkfile r.img 4M)
+# server MULTI-CONN [NBDKIT-OPTIONS...]: (re)start the backend r on $f,
+# allowing multi-conn (yes) or not (no).
+server ()
+{
+    local mc=3
+    [ "$1" = yes ] && mc=0
+    shift
+    backend r "$@" eval get_size='echo 4194304' \
+        pread="dd if='$f' skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none" \
+        pwrite="dd of='$f' seek=\$4 conv=notrunc oflag=seek_bytes status=none" \
+        can_write='exit 0' can_flush='exit 0' flush="sync '$f'" \
+        can_multi_conn="exit $mc"
+}
+server yes                      # remote-connections (4) connections
+echo "0 8192 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
+sock=$tmpdir/mapper.sock
+uri="nbd+unix:///?socket=$sock"
+log=$tmpdir/mapper.log
+mapper -v -D nbdkit.backend.datapath=0 -U "$sock" -P "$tmpdir/mapper.pid" \
+    remote-timeout=3 "$tmpdir/d.table" 2> "$log"
+cleanup_fn 'kill $(cat "$tmpdir/mapper.pid") 2>/dev/null'
+wait_file "$tmpdir/mapper.pid"
+ms () { timeout 120 nbdsh -u "$uri" "$@"; }
+
+ms -c 'h.pwrite(b"A" * 65536, 0)' -c 'h.flush()'
+wait_for sh -c "[ \$(grep -c 'connection [0-9]* -> up' '$log') -ge 4 ]" ||
+    die "not every connection came up"
+ms -c 'h.pwrite(b"B" * 4096, 65536)'          # acknowledged, not flushed
+
+# Back without multi-conn.
+kill_backend r KILL
+server no
+ms -c '
+import errno
+assert h.pread(4096, 65536) == b"B" * 4096     # retried on the one left
+try:
+    h.flush()
+    raise SystemExit("flush after the lost connections succeeded")
+except nbd.Error as e:
+    assert e.errnum == errno.EIO, e
+h.flush()                                       # once only
+# Deep queue on the one connection.
+cookies = [h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray([i]) * 4096),
+                        (32 + i) * 4096) for i in range(64)]
+for c in cookies:
+    while not h.aio_command_completed(c):
+        h.poll(-1)
+h.flush()
+for i in range(64):
+    assert h.pread(4096, (32 + i) * 4096) == bytes([i]) * 4096
+' || { grep 'nbd+unix' "$log" | tail -30; die "no multi-conn: the device failed"; }
+line=$(grep -n 'no longer allows multi-conn' "$log" | cut -d: -f1)
+[ "$(echo "$line" | wc -w)" = 1 ] ||
+    { grep 'nbd+unix' "$log" | tail -30; die "no multi-conn: not once in the log"; }
+grep 'no longer allows multi-conn' "$log"
+kept=$(sed -n "${line}s/.*connection \([0-9]*\) only.*/\1/p" "$log")
+others=$(tail -n +"$((line + 1))" "$log" |
+         grep -E 'connection [0-9]+ -> (connecting|up)' |
+         grep -v "connection $kept " || :)
+[ -z "$others" ] || die "other connections reopened: $others"
+cmp -n 65536 "$f" <(head -c 65536 /dev/zero | tr '\0' A) || die "data lost"
+echo "no multi-conn: one connection (number $kept) serves the device"
+
+# Back read-only: refused; back writable: used again.
+kill_backend r KILL
+server no -r
+ms -c '
+import errno
+try:
+    h.pread(4096, 0)
+    raise SystemExit("read through a refused connection worked")
+except nbd.Error as e:
+    assert e.errnum == errno.EIO, e
+' || die "read-only server: the read did not fail with EIO"
+grep -q 'reconnected, but the export became read-only: not using it' "$log" ||
+    { grep 'nbd+unix' "$log" | tail -30; die "read-only server: not refused"; }
+kill_backend r KILL
+server no
+ms -c '
+import errno, time
+for i in range(300):
+    try:
+        data = h.pread(4096, 32 * 4096)
+        break
+    except nbd.Error as e:
+        assert e.errnum == errno.EIO, e
+        time.sleep(0.1)
+else:
+    raise SystemExit("the device did not come back")
+assert data == bytes(4096)
+h.pwrite(b"C" * 4096, 0)
+h.flush()
+' || die "writable server back: the device failed"
+echo "read-only server refused; writable one used again"
+# The mapper first: its connections would hold the backend's exit up.
+kill "$(cat "$tmpdir/mapper.pid")"
+echo "$0: ok"
