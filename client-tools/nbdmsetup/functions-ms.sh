@@ -68,3 +68,18 @@ mapper_timeout ()
         timeout "$secs" nbdkit "$@"
     fi
 }
+
+# steady CMD...: CMD's output once it has stayed the same for 0.5 s (at
+# most 10 s): a client's connection threads and fds go a little after it
+# disconnects, so a count read at once may still include them.
+steady ()
+{
+    local v last n=0 i
+    last=$("$@")
+    for (( i = 0; i < 100 && n < 5; i++ )); do
+        sleep 0.1
+        v=$("$@")
+        if [ "$v" = "$last" ]; then n=$((n + 1)); else n=0 last=$v; fi
+    done
+    echo "$last"
+}

@@ -21,7 +21,7 @@ start_server -t 2 tables="$tmpdir/tables"
 pid=$(cat "$tmpdir/pid")
 threads () { awk '$1 == "Threads:" {print $2}' "/proc/$pid/status"; }
 ms ls > /dev/null
-thr0=$(threads)
+thr0=$(steady threads)
 
 # replacer DEV...: swap tables until $tmpdir/stop exists.
 replacer ()

@@ -24,11 +24,10 @@ pid=$(cat "$tmpdir/pid")
 
 threads () { awk '$1 == "Threads:" {print $2}' "/proc/$pid/status"; }
 fds () { find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 | wc -l; }
+ms info d0 > /dev/null
 # The clients' connection threads go when they disconnect.
 settled () { [ "$(threads)" -eq "$1" ] && [ "$(fds)" -eq "$2" ]; }
-ms info d0 > /dev/null
-wait_for settled "$(threads)" "$(fds)" || :
-thr0=$(threads) fd0=$(fds)
+thr0=$(steady threads) fd0=$(steady fds)
 echo "baseline with $nload devices: threads $thr0, fds $fd0"
 
 # Creates in parallel: the registry takes them concurrently.
