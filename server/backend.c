@@ -92,6 +92,15 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
   return 0;
 }
 
+/* Another reference to a backend the caller already holds one to. */
+void
+backend_hold (struct backend *be)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&registry_lock);
+
+  be->refs++;
+}
+
 void
 backend_put (struct backend *be)
 {

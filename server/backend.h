@@ -88,6 +88,7 @@ void backend_writes_lost (struct backend *be);
 int backend_get (const char *spec, struct backend **out,
                  struct mapper_err *err);
 void backend_put (struct backend *be);
+void backend_hold (struct backend *be);
 
 /* backends/file.c */
 struct stat;

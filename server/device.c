@@ -874,6 +874,51 @@ device_status_text (struct device *dev, int *r)
   return slot_text (dev, false, STATUSTYPE_INFO, r);
 }
 
+char *
+device_backends_text (struct device *dev, int *r)
+{
+  struct backend **bes = NULL;
+  size_t nr = 0, len = 0;
+  char *buf = NULL;
+  FILE *fp;
+
+  /* Take references under the lock, ask the backends without it: an NBD
+   * backend's state comes from the I/O loop thread.
+   */
+  pthread_mutex_lock (&dev->lock);
+  if (dev->live) {
+    nr = table_nr_backends (dev->live);
+    bes = malloc (nr * sizeof *bes + 1);
+    if (bes == NULL) {
+      pthread_mutex_unlock (&dev->lock);
+      *r = -ENOMEM;
+      return NULL;
+    }
+    for (size_t i = 0; i < nr; i++) {
+      bes[i] = dev->live->backends.ptr[i];
+      backend_hold (bes[i]);
+    }
+  }
+  pthread_mutex_unlock (&dev->lock);
+
+  fp = open_memstream (&buf, &len);
+  for (size_t i = 0; fp && i < nr; i++) {
+    char state[512] = "open";
+    if (bes[i]->ops->status)
+      bes[i]->ops->status (bes[i], state, sizeof state);
+    fprintf (fp, "%s\t%s\t%s\n", bes[i]->name, bes[i]->ops->kind, state);
+  }
+  for (size_t i = 0; i < nr; i++)
+    backend_put (bes[i]);
+  free (bes);
+  if (fp == NULL || fclose (fp) == EOF) {
+    free (buf);
+    *r = -ENOMEM;
+    return NULL;
+  }
+  return buf;
+}
+
 int
 device_message (struct device *dev, uint64_t sector, unsigned argc,
                 char **argv, char **reply, struct mapper_err *err)

@@ -162,6 +162,11 @@ int device_replace (struct device *dev, struct table *t,
  */
 char *device_table_text (struct device *dev, bool inactive, int *r);
 char *device_status_text (struct device *dev, int *r);
+/* One line per backend of the live table, "NAME\tKIND\tSTATE" (the
+ * state from the backend: connections for NBD, "open" for the others);
+ * malloc'd, "" without a live table.
+ */
+char *device_backends_text (struct device *dev, int *r);
 /* Route a message to the live target containing sector. */
 int device_message (struct device *dev, uint64_t sector, unsigned argc,
                     char **argv, char **reply, struct mapper_err *err);

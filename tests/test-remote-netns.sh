@@ -147,6 +147,17 @@ import errno, os, re, subprocess, sys, time
 import nbd
 sock, nsa, img, pidfile, log = sys.argv[1:6]
 timeout = int(sys.argv[6])
+nbdmsetup = sys.argv[7]
+
+def backend_state():
+    """nbdmsetup status --backends: the remote backend's state line."""
+    out = subprocess.run([nbdmsetup, "-c",
+                          "nbd+unix:///control?socket=%s" % sock,
+                          "status", "--backends", "remote"],
+                         check=True, capture_output=True, text=True).stdout
+    lines = [l for l in out.splitlines() if l.startswith("nbd ")]
+    assert len(lines) == 1, out
+    return lines[0]
 
 def conn(name):
     h = nbd.NBD()
@@ -229,6 +240,11 @@ assert loc2.pread(512, 0) == b"a" * 512
 loc2.shutdown()
 os.kill(int(open(pidfile).read()), 0)
 print("cut link: a backend known down fails at once; the local device works")
+st = backend_state()
+assert re.search(r": 0/%d connections up \(down for [0-9.]+s, reconnecting\)" % nconns,
+                 st), st
+assert not re.search(r", 0 connections lost", st), st
+print("nbdmsetup status --backends:", st)
 
 link("up")
 # Back: the device works again once a connection is up (bounded wait).
@@ -244,6 +260,9 @@ else:
 assert data == b"U" * 4096
 assert r.pread(65536, 0) == b"F" * 65536
 print("link restored: the device reads again")
+st = backend_state()
+assert re.search(r": [1-9][0-9]*/%d connections up, " % nconns, st), st
+print("nbdmsetup status --backends:", st)
 
 # 3. The "U" write was acknowledged, not flushed, when the connection went.
 assert eio(r.flush), "flush after a lost connection succeeded"
@@ -260,8 +279,9 @@ with open(img, "rb") as fp:
 print("flush after the lost connection: EIO once, then fine")
 EOF
 log=$tmpdir/mapper2.log
+: "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
 timeout 300 python3 "$tmpdir/down.py" "$sock" "$nsa" "$f" "$tmpdir/mapper.pid" \
-        "$log" 3 ||
+        "$log" 3 "$NBDMSETUP" ||
     { link "$nsa" va up || :; grep 'nbd://' "$log" | tail -40; die "case 2/3"; }
 
 # The log: connections dropped as stalled, reconnects failing while the

@@ -65,7 +65,8 @@ usage (FILE *fp, int status)
 "  rename OLD NEW                   rename a device\n"
 "  info [NAME]                      state, tables, counts (dmsetup info)\n"
 "  table [--inactive] [--showkeys] [NAME]\n"
-"  status [NAME]                    per-target status lines\n"
+"  status [--backends] [NAME]       per-target status lines, or each\n"
+"                                   backend's state (NBD connections)\n"
 "  message NAME SECTOR WORDS...     send a message to a target\n"
 "  targets                          target types and versions\n"
 "  wait NAME [EVENT_NR] [--timeout S]\n"
@@ -443,6 +444,55 @@ print_lines (char *p, bool one, const char *key)
   free (rows);
 }
 
+/* status --backends: "NAME\tBACKEND\tKIND\tSTATE" rows ("NAME\t" for a
+ * device without a live table).
+ */
+static void
+print_backends (char *p, bool one)
+{
+  struct row *rows;
+  size_t n = split_rows (p, &rows);
+  const char *prev = NULL;
+
+  if (json)
+    printf ("{\"devices\": [");
+  for (size_t i = 0; i < n; i++) {
+    char **f = rows[i].f;
+    bool first = prev == NULL || strcmp (prev, f[0]) != 0;
+    bool some = rows[i].n >= 4;
+
+    if (rows[i].n != 1 && rows[i].n != 4 && !(rows[i].n == 2 && !*f[1]))
+      die ("status: malformed response");
+    if (json) {
+      if (first) {
+        printf ("%s{\"name\": ", prev ? "]}, " : "");
+        json_string (f[0]);
+        printf (", \"backends\": [");
+      }
+      if (some) {
+        printf ("%s{\"backend\": ", first ? "" : ", ");
+        json_string (f[1]);
+        printf (", \"kind\": ");
+        json_string (f[2]);
+        printf (", \"state\": ");
+        json_string (f[3]);
+        printf ("}");
+      }
+    }
+    else if (some) {
+      if (!one)
+        printf ("%s: ", f[0]);
+      printf ("%s %s: %s\n", f[2], f[1], f[3]);
+    }
+    prev = f[0];
+  }
+  if (json)
+    printf ("%s]}\n", prev ? "]}" : "");
+  else if (!one && n == 0)
+    printf ("No devices found\n");
+  free (rows);
+}
+
 static void
 print_targets (char *p)
 {
@@ -511,7 +561,7 @@ static void
 parse_options (int argc, char *argv[], bool batch_line)
 {
   enum { OPT_NOFLUSH = 256, OPT_FORCE, OPT_INACTIVE, OPT_SHOWKEYS, OPT_UUID,
-         OPT_TABLE, OPT_TIMEOUT };
+         OPT_TABLE, OPT_TIMEOUT, OPT_BACKENDS };
   static const struct option long_opts[] = {
     { "connect", required_argument, NULL, 'c' },
     { "key", required_argument, NULL, 'k' },
@@ -522,6 +572,7 @@ parse_options (int argc, char *argv[], bool batch_line)
     { "force", no_argument, NULL, OPT_FORCE },
     { "inactive", no_argument, NULL, OPT_INACTIVE },
     { "showkeys", no_argument, NULL, OPT_SHOWKEYS },
+    { "backends", no_argument, NULL, OPT_BACKENDS },
     { "uuid", required_argument, NULL, OPT_UUID },
     { "table", required_argument, NULL, OPT_TABLE },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
@@ -548,6 +599,7 @@ parse_options (int argc, char *argv[], bool batch_line)
     case OPT_FORCE: flags |= PROTO_F_FORCE; break;
     case OPT_INACTIVE: flags |= PROTO_F_INACTIVE; break;
     case OPT_SHOWKEYS: flags |= PROTO_F_SHOWKEYS; break;
+    case OPT_BACKENDS: flags |= PROTO_F_BACKENDS; break;
     case OPT_UUID: uuid = optarg; break;
     case OPT_TABLE: table_text = optarg; break;
     case OPT_TIMEOUT:
@@ -595,6 +647,8 @@ run_command (struct conn *c, unsigned code, int argc, char *argv[])
 {
   char *p = NULL;
 
+  if ((flags & PROTO_F_BACKENDS) && code != PROTO_CMD_STATUS)
+    die ("--backends is an option of status");
   switch (code) {
   case PROTO_CMD_VERSION:
     print_version (c);
@@ -609,7 +663,10 @@ run_command (struct conn *c, unsigned code, int argc, char *argv[])
     break;
   case PROTO_CMD_TABLE: case PROTO_CMD_STATUS:
     p = call (c, code, argc, (const char *const *) argv);
-    print_lines (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status");
+    if (flags & PROTO_F_BACKENDS)
+      print_backends (p, argc == 1);
+    else
+      print_lines (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status");
     break;
   case PROTO_CMD_TARGETS:
     p = call (c, code, 0, NULL);

@@ -135,4 +135,23 @@ subprocess.run([os.environ["NBDMSETUP"], "remove", "--force", "hold"],
                check=True)
 ' || die "remove --force of an open device without a table"
 fails 'no such device: hold' ms info hold
+
+# status --backends: each backend of the live table once, with its kind.
+b=$(mkfile b.img 1M)
+ms create bk --table "0 1024 linear $b 0
+1024 1024 linear $b 1024
+2048 8 zero"
+[ "$(ms status --backends bk)" = "file $(realpath "$b"): open" ] ||
+    die "status --backends: $(ms status --backends bk)"
+ms create bk0
+ms -j status --backends | /usr/bin/python3 -c '
+import json, sys
+d = {x["name"]: x["backends"] for x in json.load(sys.stdin)["devices"]}
+assert d["bk0"] == [], d
+assert [(x["kind"], x["state"]) for x in d["bk"]] == [("file", "open")], d
+' || die "status --backends --json"
+ms status --backends | grep -qx "bk: file $(realpath "$b"): open" ||
+    die "status --backends of all: $(ms status --backends)"
+fails 'backends is an option of status' ms table --backends bk
+ms remove bk; ms remove bk0
 echo "$0: ok"

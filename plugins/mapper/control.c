@@ -455,7 +455,8 @@ status_one (struct device *dev, void *opaque)
 {
   struct reply *rp = opaque;
   int r = 0;
-  char *text = device_status_text (dev, &r);
+  char *text = rp->flags & PROTO_F_BACKENDS ? device_backends_text (dev, &r)
+    : device_status_text (dev, &r);
 
   if (text == NULL)
     return fail (rp, -r, "status: out of memory");
