@@ -19,6 +19,11 @@ struct backend;
 
 struct backend_ops {
   const char *kind;                       /* "file", "nbd" */
+  /* Local backends whose flush and FUA writes wait for a device: when a
+   * request has several such clones, they run side by side on the local
+   * pool (localpool.c) instead of one after the other.
+   */
+  bool device_wait;
   void (*submit) (struct backend *be, struct clone *c);
   /* Optional: the backend completes in the I/O loop (ioloop.c).  submit()
    * queues the clone with ioloop_submit(); start() is then called in the

@@ -47,6 +47,7 @@ engine_stop (void)
 {
   mirror_resync_stop ();
   ioloop_stop ();
+  localpool_stop ();
 }
 
 void

@@ -47,7 +47,8 @@ struct clone {
   void *end_io_ctx;
   uint64_t end_io_arg;
   struct clone *retry_next;     /* io_req.retry list */
-  struct clone *qnext;          /* the I/O loop's submission queue */
+  struct clone *qnext;          /* the I/O loop's or local pool's queue */
+  bool pooled;                  /* io_req_run gave it to the local pool */
 };
 
 /* A request in flight: lives on the submitting worker's stack.  Clone
@@ -69,6 +70,12 @@ struct io_req {
   uint64_t start_ns;            /* io_req_start_ns(), 0 until asked */
   struct clone inline_clones[IO_INLINE_CLONES];
 };
+
+/* localpool.c: run a blocking local clone on a pool thread; false if it
+ * cannot (the caller runs it inline).
+ */
+bool localpool_submit (struct clone *c);
+void localpool_stop (void);
 
 /* targets/mirror.c: the engine-wide resync worker (engine_start/stop). */
 int mirror_resync_start (struct mapper_err *err);

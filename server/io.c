@@ -214,6 +214,14 @@ clone_done (struct clone *c, int error)
     futex_wake (&req->pending);
 }
 
+/* A local clone that waits for its device rather than for a memcpy. */
+static bool
+clone_blocks (const struct clone *c)
+{
+  return c->be->ops->device_wait &&
+    (c->op == IO_FLUSH || (c->flags & MAPPER_FUA));
+}
+
 /* Issue every clone, then wait for all of them; 0 or the first -errno. */
 int
 io_req_run (struct io_req *req)
@@ -232,9 +240,30 @@ io_req_run (struct io_req *req)
     }
   }
   ioloop_batch_end ();
+  /* Local clones that wait for a device (flush, FUA write): when there
+   * are several, all but one go to the local pool so that they wait side
+   * by side; the rest complete inline here.
+   */
+  size_t nr_blocking = 0;
+  for (size_t i = 0; i < req->nr; i++) {
+    req->clones[i].pooled = false;
+    nr_blocking += clone_blocks (&req->clones[i]);
+  }
+  for (size_t i = 0; nr_blocking > 1 && i < req->nr; i++) {
+    struct clone *c = &req->clones[i];
+    if (clone_blocks (c)) {
+      nr_blocking--;
+      /* Counted first: the pool may complete it at once. */
+      atomic_fetch_add (&req->pending, 1);
+      if (localpool_submit (c))
+        c->pooled = true;
+      else
+        atomic_fetch_sub (&req->pending, 1);
+    }
+  }
   for (size_t i = 0; i < req->nr; i++) {
     struct clone *c = &req->clones[i];
-    if (!c->be->ops->start) {
+    if (!c->be->ops->start && !c->pooled) {
       atomic_fetch_add (&req->pending, 1);
       c->be->ops->submit (c->be, c);
     }

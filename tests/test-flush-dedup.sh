@@ -2,7 +2,10 @@
 # One flush per dirty backend, counted at the system call: strace counts
 # fdatasync while clients flush a 1024-target table over one file and a
 # 64-target table over four files.  Nothing written -> no fdatasync;
-# concurrent flushes from 8 connections share one backend flush.
+# concurrent flushes from 8 connections share one backend flush.  The
+# fdatasync calls of one flush (or FUA write) over several files are
+# handed to the local pool, so they are not all on the client's thread
+# (test-unit-flush proves they run side by side).
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 requires strace -V
 requires nbdsh --version
@@ -45,6 +48,12 @@ cleanup_fn 'kill $(cat "$pidfile") 2>/dev/null; wait $strace_pid 2>/dev/null'
 wait_for test -S "$sock"
 
 count () { grep -cE '^[0-9]+ +fdatasync\(' "$log" || :; }
+# threads_since LINE: distinct threads among fdatasync calls after LINE.
+threads_since ()
+{
+    grep -E '^[0-9]+ +fdatasync\(' "$log" | tail -n +"$(( $1 + 1 ))" |
+        awk '{print $1}' | sort -u | wc -l
+}
 
 # expect_flushes N 'python using h (wide) and m (multi)'
 expect_flushes ()
@@ -71,7 +80,17 @@ expect_flushes 0 'h.flush(); h.flush()'
 expect_flushes 1 "h.pwrite(bytearray(1000 * $((size / 1024))), 0); h.flush()"
 # Four files: touch two of them, then all four.
 expect_flushes 2 "m.pwrite(b'y' * 1024, $per - 512); m.flush()"
+mark=$(count)
 expect_flushes 4 "m.pwrite(bytearray(4 * $per), 0); m.flush(); m.flush()"
+[ "$(threads_since "$mark")" -ge 2 ] ||
+    die "a flush of 4 files: all 4 fdatasync on one thread"
+echo "ok: the 4 fdatasync ran on $(threads_since "$mark") threads"
+# A FUA write over four files: pwrite + fdatasync on each, side by side.
+mark=$(count)
+expect_flushes 4 "m.pwrite(bytearray(4 * $per), 0, nbd.CMD_FLAG_FUA); m.flush()"
+[ "$(threads_since "$mark")" -ge 2 ] ||
+    die "a FUA write over 4 files: all 4 fdatasync on one thread"
+echo "ok: a FUA write over 4 files: 4 fdatasync on $(threads_since "$mark") threads"
 # Two devices, five distinct backends: each flush only its own.
 expect_flushes 5 'h.pwrite(b"z", 0); m.pwrite(bytearray(4 * '$per'), 0); h.flush(); m.flush()'
 # FUA on a native-FUA file backend: durable by itself, flush then clean.

@@ -2,6 +2,7 @@
  * count and fail on demand: clean backends are not flushed, concurrent
  * flushes share one backend flush, failures poison the next flush once,
  * and a lost connection with unflushed writes fails the next flush.
+ * Backends that wait for a device flush side by side (the local pool).
  */
 #include <config.h>
 
@@ -46,6 +47,48 @@ test_submit (struct backend *be, struct clone *c)
 
 static const struct backend_ops test_ops = {
   .kind = "test", .submit = test_submit,
+};
+
+/* A device that waits: its flush returns only once every one of
+ * nr_devices flushes is in progress at the same time (or after 10 s, a
+ * failure: they ran one after the other).  Records the threads used.
+ */
+enum { nr_devices = 4 };
+static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dev_cond = PTHREAD_COND_INITIALIZER;
+static int dev_running, dev_max_running, dev_timeouts;
+static pthread_t dev_threads[nr_devices * 2];
+static int dev_nr_threads;
+
+static void
+device_submit (struct backend *be, struct clone *c)
+{
+  struct timespec until;
+  bool seen = false;
+
+  CHECK (c->op == IO_FLUSH || (c->flags & MAPPER_FUA));
+  clock_gettime (CLOCK_REALTIME, &until);
+  until.tv_sec += 10;
+  pthread_mutex_lock (&dev_lock);
+  for (int i = 0; i < dev_nr_threads; i++)
+    seen |= pthread_equal (dev_threads[i], pthread_self ());
+  if (!seen && dev_nr_threads < (int) ARRAY_SIZE (dev_threads))
+    dev_threads[dev_nr_threads++] = pthread_self ();
+  dev_running++;
+  dev_max_running = MAX (dev_max_running, dev_running);
+  pthread_cond_broadcast (&dev_cond);
+  while (dev_max_running < nr_devices)
+    if (pthread_cond_timedwait (&dev_cond, &dev_lock, &until) == ETIMEDOUT) {
+      dev_timeouts++;
+      break;
+    }
+  dev_running--;
+  pthread_mutex_unlock (&dev_lock);
+  clone_done (c, 0);
+}
+
+static const struct backend_ops device_ops = {
+  .kind = "test-device", .submit = device_submit, .device_wait = true,
 };
 
 static void
@@ -156,6 +199,43 @@ main (void)
     pthread_join (th[i], NULL);
   CHECK (nr_flushes >= 1);
   CHECK (thread_errors >= 1);
+
+  /* Devices that wait flush side by side, on as many threads: a flush
+   * over four of them waits for the slowest, not for the sum.  Then the
+   * same for one FUA write split over the four (striped, mirror legs).
+   */
+  {
+    struct backend devs[nr_devices];
+    struct backend *devp[nr_devices];
+    struct io_req req;
+    char buf[nr_devices * 512];
+
+    for (int i = 0; i < nr_devices; i++) {
+      devs[i] = (struct backend) { .ops = &device_ops, .name = "dev",
+                                   .caps.can_fua = true };
+      backend_flush_init (&devs[i]);
+      devp[i] = &devs[i];
+      write_done (&devs[i]);
+    }
+    CHECK (io_flush_backends (devp, nr_devices) == 0);
+    CHECK (dev_timeouts == 0);
+    CHECK (dev_max_running == nr_devices);
+    CHECK (dev_nr_threads == nr_devices);
+
+    dev_max_running = dev_nr_threads = 0;
+    memset (buf, 'x', sizeof buf);
+    io_req_init (&req, IO_WRITE, MAPPER_FUA);
+    for (int i = 0; i < nr_devices; i++)
+      CHECK (io_emit (&req, devp[i], 0, 512, buf + i * 512) == 0);
+    CHECK (io_req_run (&req) == 0);
+    io_req_release (&req);
+    CHECK (dev_timeouts == 0);
+    CHECK (dev_max_running == nr_devices);
+    CHECK (dev_nr_threads == nr_devices);
+    for (int i = 0; i < nr_devices; i++)
+      backend_flush_destroy (&devs[i]);
+    localpool_stop ();
+  }
 
   backend_flush_destroy (&be);
   backend_flush_destroy (&be2);

@@ -270,6 +270,7 @@ file_close (struct backend *be)
 
 static const struct backend_ops file_ops = {
   .kind = "file",
+  .device_wait = true,
   .submit = file_submit,
   .extents = file_extents,
   .get_size = file_get_size,
