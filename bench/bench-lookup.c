@@ -41,15 +41,6 @@ static volatile uint64_t zero_mask;     /* 0, unknown to the compiler */
 static volatile size_t sink;
 
 static uint64_t
-now_ns (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static uint64_t
 xorshift (uint64_t *s)
 {
   *s ^= *s << 13;
@@ -91,7 +82,7 @@ pass (const struct table *t, bool map, const uint64_t *offs,
   uint64_t dep = zero_mask, t0, t1;
   size_t r = 0, p = 0;
 
-  t0 = now_ns ();
+  t0 = monotonic_ns ();
   for (size_t i = 0; i < lookups; i++) {
     uint64_t off = offs[i % nr_offs] ^ (r & dep);
 
@@ -108,7 +99,7 @@ pass (const struct table *t, bool map, const uint64_t *offs,
       p = p + 64 < POLLUTE_AREA ? p + 64 : 0;
     }
   }
-  t1 = now_ns ();
+  t1 = monotonic_ns ();
   sink = r + p;
   return t1 - t0;
 }
@@ -180,7 +171,7 @@ main (int argc, char *argv[])
     else
       p += sprintf (p, "%zu %zu zero\n", i * sectors, sectors);
   }
-  t0 = now_ns ();
+  t0 = monotonic_ns ();
   r = table_parse (text, "<bench>", &t, &err);
   if (map)
     unlink (file);
@@ -189,7 +180,7 @@ main (int argc, char *argv[])
     return 1;
   }
   printf ("bench-lookup: %zu targets: table_parse %.1f ms\n", ntargets,
-          (now_ns () - t0) / 1e6);
+          (monotonic_ns () - t0) / 1e6);
   free (text);
   for (size_t i = 0; i < nr_offs; i++)
     offs[i] = xorshift (&seed) % (t->caps.size / REQUEST) * REQUEST;

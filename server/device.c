@@ -777,7 +777,7 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
 {
   struct table *old_live, *old_inactive;
   backend_vector dropped = empty_vector;
-  struct timespec t0, t1;
+  uint64_t t0, t1;
   int r;
 
   pthread_mutex_lock (&dev->lock);
@@ -803,7 +803,7 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
     }
   }
   /* Suspended only for the drain. */
-  clock_gettime (CLOCK_MONOTONIC, &t0);
+  t0 = monotonic_ns ();
   suspend_locked (dev, true);   /* noflush: cannot fail */
   old_live = dev->live;
   old_inactive = dev->inactive;
@@ -813,7 +813,7 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
   table_resume (t);             /* background work (mirror resync) */
   atomic_store (&dev->suspended, false);
   pthread_cond_broadcast (&dev->cond);
-  clock_gettime (CLOCK_MONOTONIC, &t1);
+  t1 = monotonic_ns ();
   pthread_mutex_unlock (&dev->lock);
   /* Writes that went to backends the new table no longer uses are
    * durable before replace returns (the old table still holds them).
@@ -828,8 +828,7 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
   /* The suspended window, for bench/bench-reload (nbdkit -v). */
   if (mapper_debug)
     mapper_debug ("device %s: replace: suspended for %" PRIu64 " ns",
-                  dev->name, (uint64_t) ((t1.tv_sec - t0.tv_sec) * 1000000000LL
-                                         + (t1.tv_nsec - t0.tv_nsec)));
+                  dev->name, t1 - t0);
   return 0;
 }
 

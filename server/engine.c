@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -48,6 +49,15 @@ engine_stop (void)
   mirror_resync_stop ();
   ioloop_stop ();
   localpool_stop ();
+}
+
+uint64_t
+monotonic_ns (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 void

@@ -82,6 +82,7 @@ int mirror_resync_start (struct mapper_err *err);
 void mirror_resync_stop (void);
 
 /* engine.c */
+uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
 

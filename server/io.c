@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -40,12 +39,8 @@ io_req_init (struct io_req *req, enum io_op op, uint32_t flags)
 uint64_t
 io_req_start_ns (struct io_req *req)
 {
-  if (req->start_ns == 0) {
-    struct timespec ts;
-
-    clock_gettime (CLOCK_MONOTONIC, &ts);
-    req->start_ns = (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec + 1;
-  }
+  if (req->start_ns == 0)
+    req->start_ns = monotonic_ns () + 1;
   return req->start_ns;
 }
 

@@ -9,6 +9,8 @@ export PATH
 
 : "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
+# The tests' Python parts share tests/nbdcheck.py.
+export PYTHONPATH="$top_srcdir/tests${PYTHONPATH:+:$PYTHONPATH}"
 : "${PLUGIN:=$top_builddir/plugins/mapper/.libs/nbdkit-mapper-plugin.so}"
 : "${SANITIZER_LIBASAN:=}"
 

@@ -145,6 +145,7 @@ start_mapper 3 "$tmpdir/mapper2.log"
 cat > "$tmpdir/down.py" <<'EOF'
 import errno, os, re, subprocess, sys, time
 import nbd
+from nbdcheck import connect, fails_eio as eio, when_back
 sock, nsa, img, pidfile, log = sys.argv[1:6]
 timeout = int(sys.argv[6])
 nbdmsetup = sys.argv[7]
@@ -160,20 +161,10 @@ def backend_state():
     return lines[0]
 
 def conn(name):
-    h = nbd.NBD()
-    h.connect_uri("nbd+unix:///%s?socket=%s" % (name, sock))
-    return h
+    return connect(sock, name)
 
 def link(state):
     subprocess.check_call(["ip", "-n", nsa, "link", "set", "va", state])
-
-def eio(f, *args):
-    try:
-        f(*args)
-    except nbd.Error as e:
-        assert e.errnum == errno.EIO, e
-        return True
-    return False
 
 def wait(h, cookie):
     """Wait for an aio command; its errno, or 0."""
@@ -248,15 +239,8 @@ print("nbdmsetup status --backends:", st)
 
 link("up")
 # Back: the device works again once a connection is up (bounded wait).
-for i in range(600):
-    try:
-        data = r.pread(4096, 65536)
-        break
-    except nbd.Error as e:
-        assert e.errnum == errno.EIO, e
-        time.sleep(0.1)
-else:
-    raise AssertionError("the device did not come back after the link did")
+data = when_back(r.pread, 4096, 65536,
+                 what="the device did not come back after the link did")
 assert data == b"U" * 4096
 assert r.pread(65536, 0) == b"F" * 65536
 print("link restored: the device reads again")

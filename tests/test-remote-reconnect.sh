@@ -45,13 +45,9 @@ import nbd
 uri, d, f = sys.argv[1:4]
 h = nbd.NBD()
 h.connect_uri(uri)
+from nbdcheck import fails_eio
 def flush_fails():
-    try:
-        h.flush()
-    except nbd.Error as e:
-        assert e.errnum == errno.EIO, e
-        return True
-    return False
+    return fails_eio(h.flush)
 # fio's writes were not flushed when its backend was killed.
 assert flush_fails(), "first flush after the fio run succeeded"
 h.flush()

@@ -21,19 +21,9 @@ echo "0 2048 linear $l 0" > "$tmpdir/local.table"
 cat > "$tmpdir/timeout.py" <<'EOF'
 import errno, os, signal, sys, time
 import nbd
+from nbdcheck import connect, fails_eio
 sock, d = sys.argv[1:3]
-def conn(name):
-    h = nbd.NBD()
-    h.connect_uri("nbd+unix:///%s?socket=%s" % (name, sock))
-    return h
-gone, slow, local = conn("gone"), conn("slow"), conn("local")
-def fails_eio(f, *args):
-    try:
-        f(*args)
-    except nbd.Error as e:
-        assert e.errnum == errno.EIO, e
-        return True
-    return False
+gone, slow, local = [connect(sock, n) for n in ("gone", "slow", "local")]
 
 gone.pwrite(b"g" * 512, 0)
 local.pwrite(b"l" * 512, 0)

@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 
 #include "internal.h"
 
@@ -58,15 +57,6 @@ struct flakey {
   uint8_t corrupt_value;
   uint32_t corrupt_flags;
 };
-
-static uint64_t
-now_ns (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* Parse a 32-bit decimal within [min, max]. */
 static int
@@ -218,7 +208,7 @@ flakey_ctr (struct target *ti, unsigned argc, char **argv,
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }
-  fc->born_ns = now_ns ();
+  fc->born_ns = monotonic_ns ();
   if ((r = parse_sectors (argv[1], &fc->start)) < 0) {
     mapper_err_set (err, "offset '%s' %s", argv[1],
                     r == -ERANGE ? "overflows 64 bits"
@@ -273,7 +263,7 @@ flakey_dtr (struct target *ti)
 static bool
 flakey_is_down (const struct flakey *fc)
 {
-  uint64_t elapsed = (now_ns () - fc->born_ns) / 1000000000;
+  uint64_t elapsed = (monotonic_ns () - fc->born_ns) / 1000000000;
 
   return elapsed % ((uint64_t) fc->up + fc->down) >= fc->up;
 }

@@ -1,0 +1,36 @@
+"""What the Python parts of the shell tests share (import nbdcheck;
+tests/functions.sh puts this directory on PYTHONPATH)."""
+import errno
+import time
+
+import nbd
+
+
+def connect(sock, name=""):
+    """A libnbd handle on export NAME of the server at Unix socket SOCK."""
+    h = nbd.NBD()
+    h.connect_uri("nbd+unix:///%s?socket=%s" % (name, sock))
+    return h
+
+
+def fails_eio(f, *args):
+    """f(*args): True if it failed with EIO, False if it worked; any other
+    error fails the test."""
+    try:
+        f(*args)
+    except nbd.Error as e:
+        assert e.errnum == errno.EIO, e
+        return True
+    return False
+
+
+def when_back(f, *args, seconds=60, what="the device did not come back"):
+    """f(*args) once it stops failing with EIO (a backend reconnecting);
+    fails the test after SECONDS."""
+    for _ in range(int(seconds * 10)):
+        try:
+            return f(*args)
+        except nbd.Error as e:
+            assert e.errnum == errno.EIO, e
+            time.sleep(0.1)
+    raise AssertionError(what)
