@@ -774,7 +774,7 @@ run_batch (struct conn *c, const char *file)
   if (file == NULL || strcmp (file, "-") == 0)
     file = "stdin";
   while (getline (&line, &cap, fp) != -1) {
-    char *words[PROTO_MAX_ARGS + 2];
+    char *words[PROTO_MAX_ARGS + 3];  /* "nbdmsetup", words, NULL */
     int n;
 
     lineno++;
