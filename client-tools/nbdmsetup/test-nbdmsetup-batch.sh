@@ -72,6 +72,11 @@ fails "stdin:1: '--bogus': unknown option" ms batch <<< "ls --bogus"
 fails 'stdin:1: unterminated " quote' ms batch <<< 'create "x'
 fails 'stdin:1: table: wrong number of arguments' ms batch <<< "table a b"
 fails 'stdin:1: batch: not a command of a batch' ms batch <<< "batch"
+# The longest line (a command and 4096 words), and one word more.
+fails 'stdin:1: ls: wrong number of arguments' \
+    ms batch <<< "ls $(printf 'x %.0s' $(seq 4096))"
+fails 'stdin:1: too many words \(at most 4097\)' \
+    ms batch <<< "ls $(printf 'x %.0s' $(seq 4097))"
 fails 'stdin:1: replace: give the table as a file' ms batch <<< "replace d1"
 fails "$tmpdir/nofile: No such file" ms batch "$tmpdir/nofile"
 fails 'fd/[0-9]+:1: nofile: No such file' \
