@@ -396,59 +396,14 @@ print_info (char *p)
   free (rows);
 }
 
-/* table/status: rows of "name\tline"; one device prints bare lines,
- * several print "name: line" as dmsetup does.
+/* Rows "NAME\tFIELD..." grouped by device: a device without anything to
+ * show is one row "NAME\t".  Each row with content is printed by item
+ * (JSON: one value of the device's KEY array), after "NAME: " when all
+ * devices were asked for, as dmsetup does.
  */
 static void
-print_lines (char *p, bool one, const char *key)
-{
-  struct row *rows;
-  size_t n = split_rows (p, &rows);
-
-  if (json) {
-    const char *prev = NULL;
-    printf ("{\"devices\": [");
-    for (size_t i = 0; i < n; i++) {
-      bool first_line = prev == NULL || strcmp (prev, rows[i].f[0]) != 0;
-      if (first_line) {
-        if (prev)
-          printf ("]}, ");
-        printf ("{\"name\": ");
-        json_string (rows[i].f[0]);
-        printf (", \"%s\": [", key);
-      }
-      if (rows[i].n > 1 && *rows[i].f[1]) {
-        if (!first_line)
-          printf (", ");
-        json_string (rows[i].f[1]);
-      }
-      prev = rows[i].f[0];
-    }
-    if (prev)
-      printf ("]}");
-    printf ("]}\n");
-  }
-  else {
-    for (size_t i = 0; i < n; i++) {
-      const char *line = rows[i].n > 1 ? rows[i].f[1] : "";
-      if (one) {
-        if (*line)
-          printf ("%s\n", line);
-      }
-      else
-        printf ("%s: %s\n", rows[i].f[0], line);
-    }
-    if (!one && n == 0)
-      printf ("No devices found\n");
-  }
-  free (rows);
-}
-
-/* status --backends: "NAME\tBACKEND\tKIND\tSTATE" rows ("NAME\t" for a
- * device without a live table).
- */
-static void
-print_backends (char *p, bool one)
+print_grouped (char *p, bool one, const char *key, int nfields,
+               void (*item) (char **f))
 {
   struct row *rows;
   size_t n = split_rows (p, &rows);
@@ -459,30 +414,29 @@ print_backends (char *p, bool one)
   for (size_t i = 0; i < n; i++) {
     char **f = rows[i].f;
     bool first = prev == NULL || strcmp (prev, f[0]) != 0;
-    bool some = rows[i].n >= 4;
+    bool some = rows[i].n > 1 && *f[1];
 
-    if (rows[i].n != 1 && rows[i].n != 4 && !(rows[i].n == 2 && !*f[1]))
-      die ("status: malformed response");
+    if (some && rows[i].n < nfields + 1)
+      die ("%s: malformed response", key);
     if (json) {
       if (first) {
         printf ("%s{\"name\": ", prev ? "]}, " : "");
         json_string (f[0]);
-        printf (", \"backends\": [");
+        printf (", \"%s\": [", key);
       }
       if (some) {
-        printf ("%s{\"backend\": ", first ? "" : ", ");
-        json_string (f[1]);
-        printf (", \"kind\": ");
-        json_string (f[2]);
-        printf (", \"state\": ");
-        json_string (f[3]);
-        printf ("}");
+        if (!first)
+          printf (", ");
+        item (f + 1);
       }
     }
-    else if (some) {
+    else {
       if (!one)
         printf ("%s: ", f[0]);
-      printf ("%s %s: %s\n", f[2], f[1], f[3]);
+      if (some)
+        item (f + 1);
+      else if (!one)
+        putchar ('\n');
     }
     prev = f[0];
   }
@@ -491,6 +445,33 @@ print_backends (char *p, bool one)
   else if (!one && n == 0)
     printf ("No devices found\n");
   free (rows);
+}
+
+/* table, status: one line of text. */
+static void
+line_item (char **f)
+{
+  if (json)
+    json_string (f[0]);
+  else
+    printf ("%s\n", f[0]);
+}
+
+/* status --backends: BACKEND, KIND, STATE. */
+static void
+backend_item (char **f)
+{
+  if (!json) {
+    printf ("%s %s: %s\n", f[1], f[0], f[2]);
+    return;
+  }
+  printf ("{\"backend\": ");
+  json_string (f[0]);
+  printf (", \"kind\": ");
+  json_string (f[1]);
+  printf (", \"state\": ");
+  json_string (f[2]);
+  printf ("}");
 }
 
 static void
@@ -664,9 +645,10 @@ run_command (struct conn *c, unsigned code, int argc, char *argv[])
   case PROTO_CMD_TABLE: case PROTO_CMD_STATUS:
     p = call (c, code, argc, (const char *const *) argv);
     if (flags & PROTO_F_BACKENDS)
-      print_backends (p, argc == 1);
+      print_grouped (p, argc == 1, "backends", 3, backend_item);
     else
-      print_lines (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status");
+      print_grouped (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status",
+                     1, line_item);
     break;
   case PROTO_CMD_TARGETS:
     p = call (c, code, 0, NULL);
