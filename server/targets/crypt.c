@@ -459,13 +459,8 @@ crypt_ctr (struct target *ti, unsigned argc, char **argv,
     r = -EINVAL;
     goto err;
   }
-  if ((r = parse_sectors (argv[4], &cc->start)) < 0) {
-    mapper_err_set (err, "offset '%s' %s", argv[4],
-                    r == -ERANGE ? "overflows 64 bits"
-                    : "is not a non-negative integer");
-    r = -EINVAL;
+  if ((r = target_parse_offset (argv[4], &cc->start, err)) < 0)
     goto err;
-  }
   if (cc->start & (cc->sector_size - 1)) {
     mapper_err_set (err, "offset %" PRIu64 " is not a multiple of "
                     "sector_size %" PRIu32 " (%" PRIu32 " sectors)",

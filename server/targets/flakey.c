@@ -209,13 +209,8 @@ flakey_ctr (struct target *ti, unsigned argc, char **argv,
     return -ENOMEM;
   }
   fc->born_ns = monotonic_ns ();
-  if ((r = parse_sectors (argv[1], &fc->start)) < 0) {
-    mapper_err_set (err, "offset '%s' %s", argv[1],
-                    r == -ERANGE ? "overflows 64 bits"
-                    : "is not a non-negative integer");
-    r = -EINVAL;
+  if ((r = target_parse_offset (argv[1], &fc->start, err)) < 0)
     goto err;
-  }
   if (parse_u32 (argv[2], 0, UINT32_MAX, &fc->up) < 0) {
     mapper_err_set (err, "invalid up interval '%s' (seconds, 0 to %" PRIu32
                     ")", argv[2], UINT32_MAX);
