@@ -121,6 +121,25 @@ target_parse_offset (const char *s, uint64_t *bytes, struct mapper_err *err)
 }
 
 int
+target_count_args (unsigned argc, char **argv, unsigned max,
+                   const char *what, struct mapper_err *err)
+{
+  uint64_t n;
+
+  if (parse_u64 (argv[0], &n) < 0 || n > max) {
+    mapper_err_set (err, "invalid number of %ss '%s' (0 to %u)", what,
+                    argv[0], max);
+    return -EINVAL;
+  }
+  if (n != argc - 1) {
+    mapper_err_set (err, "%" PRIu64 " %s%s declared but %u given", n, what,
+                    n == 1 ? "" : "s", argc - 1);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+int
 target_get_backend (struct target *ti, const char *spec, uint64_t start,
                     uint64_t len, struct backend **out,
                     struct mapper_err *err)

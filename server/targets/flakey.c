@@ -74,21 +74,15 @@ static int
 flakey_features (struct flakey *fc, unsigned argc, char **argv,
                  struct mapper_err *err)
 {
-  uint32_t n;
   unsigned i;
+  int r;
 
   if (argc == 0)
     goto error_all_io;
-  if (parse_u32 (argv[0], 0, MAX_FEATURE_ARGS, &n) < 0) {
-    mapper_err_set (err, "invalid number of feature arguments '%s' (0 to "
-                    "%d)", argv[0], MAX_FEATURE_ARGS);
-    return -EINVAL;
-  }
-  if (n != argc - 1) {
-    mapper_err_set (err, "%" PRIu32 " feature argument%s declared but %u "
-                    "given", n, n == 1 ? "" : "s", argc - 1);
-    return -EINVAL;
-  }
+  r = target_count_args (argc, argv, MAX_FEATURE_ARGS, "feature argument",
+                         err);
+  if (r < 0)
+    return r;
   for (i = 1; i < argc; i++) {
     const char *f = argv[i];
 
