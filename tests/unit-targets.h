@@ -115,6 +115,36 @@ ut_check_format_at (int srcline, struct table *t, const char *want)
 }
 #define ut_check_format(t, want) ut_check_format_at (__LINE__, t, want)
 
+/* Table text must be accepted and print as want (a whole table), with
+ * an empty INFO status for its first target; and want must parse back
+ * to itself.
+ */
+__attribute__ ((unused))
+static void
+ut_check_roundtrip_at (int srcline, const char *text, const char *want)
+{
+  struct table *t = ut_parse_at (srcline, "%s", text);
+  const char *info;
+
+  if (t == NULL)
+    return;
+  ut_check_format_at (srcline, t, want);
+  info = ut_status (t, 0, STATUSTYPE_INFO);
+  if (strcmp (info, "") != 0) {
+    fprintf (stderr, "%s:%d: INFO status not empty: %s\n", __FILE__,
+             srcline, info);
+    unit_failures++;
+  }
+  table_free (t);
+  t = ut_parse_at (srcline, "%s", want);
+  if (t) {
+    ut_check_format_at (srcline, t, want);
+    table_free (t);
+  }
+}
+#define ut_check_roundtrip(text, want) \
+  ut_check_roundtrip_at (__LINE__, text, want)
+
 /* A live device named name over table t (taken). */
 __attribute__ ((unused))
 static struct device *
