@@ -156,6 +156,13 @@ parse_sectors (const char *s, uint64_t *bytes)
   return 0;
 }
 
+/* Why parse_u64 or parse_sectors returned r, for error messages. */
+const char *
+parse_error_text (int r)
+{
+  return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
+}
+
 /* -D mapper.io=1: one line per request showing how it was split. */
 void
 mapper_log_io_req (const char *devname, const struct io_req *req,

@@ -80,12 +80,6 @@ count_target_lines (const char *p)
   }
 }
 
-static const char *
-number_error (int r)
-{
-  return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
-}
-
 void *
 target_private_alloc (struct target *ti, size_t size)
 {
@@ -109,6 +103,37 @@ target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
 {
   if (argc != 0) {
     mapper_err_set (err, "takes no arguments, got %u", argc);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+int
+target_parse_offset (const char *s, uint64_t *bytes, struct mapper_err *err)
+{
+  int r = parse_sectors (s, bytes);
+
+  if (r < 0) {
+    mapper_err_set (err, "offset '%s' %s", s, parse_error_text (r));
+    return -EINVAL;
+  }
+  return 0;
+}
+
+int
+target_count_args (unsigned argc, char **argv, unsigned max,
+                   const char *what, struct mapper_err *err)
+{
+  uint64_t n;
+
+  if (parse_u64 (argv[0], &n) < 0 || n > max) {
+    mapper_err_set (err, "invalid number of %ss '%s' (0 to %u)", what,
+                    argv[0], max);
+    return -EINVAL;
+  }
+  if (n != argc - 1) {
+    mapper_err_set (err, "%" PRIu64 " %s%s declared but %u given", n, what,
+                    n == 1 ? "" : "s", argc - 1);
     return -EINVAL;
   }
   return 0;
@@ -314,11 +339,11 @@ parse_line (struct table *t, uint64_t expect, string_vector *w,
     return -EINVAL;
   }
   if ((r = parse_sectors (w->ptr[0], &begin)) < 0) {
-    mapper_err_set (err, "start '%s' %s", w->ptr[0], number_error (r));
+    mapper_err_set (err, "start '%s' %s", w->ptr[0], parse_error_text (r));
     return -EINVAL;
   }
   if ((r = parse_sectors (w->ptr[1], &len)) < 0) {
-    mapper_err_set (err, "length '%s' %s", w->ptr[1], number_error (r));
+    mapper_err_set (err, "length '%s' %s", w->ptr[1], parse_error_text (r));
     return -EINVAL;
   }
   if (len == 0) {

@@ -127,9 +127,28 @@ void target_private_free (struct target *ti, void *p);
 int target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
                         struct mapper_err *err);
 
+/* table.c: for constructors: parse the <offset> argument s (sectors) into
+ * bytes; 0, or -EINVAL with err filled ("offset 'x' is not ...").
+ */
+int target_parse_offset (const char *s, uint64_t *bytes,
+                         struct mapper_err *err);
+
+/* table.c: for constructors: check a counted group of optional arguments,
+ * dm style "<#args> <arg>...": argv[0] (argc >= 1) is a number from 0 to
+ * max equal to argc - 1.  0, or -EINVAL with err filled, naming the
+ * arguments by what ("feature argument": "2 feature arguments declared
+ * but 1 given").
+ */
+int target_count_args (unsigned argc, char **argv, unsigned max,
+                       const char *what, struct mapper_err *err);
+
 /* util: strict number parsing for constructors ("%llu%c" style). */
 int parse_u64 (const char *s, uint64_t *out);
 int parse_sectors (const char *s, uint64_t *bytes);  /* sectors -> bytes */
+/* Why they failed with r: "overflows 64 bits" or "is not a non-negative
+ * integer", to follow the argument in a message.
+ */
+const char *parse_error_text (int r);
 
 /* The client buffer at delta, or NULL for requests that carry none. */
 static inline char *

@@ -177,20 +177,11 @@ test_format (void)
   };
 
   for (size_t i = 0; i < ARRAY_SIZE (cases); i++) {
-    struct table *t = ut_parse ("0 8 flakey %s 3 %s\n", A, cases[i].in);
+    char *text = unit_sprintf ("0 8 flakey %s 3 %s\n", A, cases[i].in);
     char *want = unit_sprintf ("0 8 flakey %s 3 %s\n", A, cases[i].out);
 
-    if (t) {
-      ut_check_format (t, want);
-      CHECK (strcmp (ut_status (t, 0, STATUSTYPE_INFO), "") == 0);
-      table_free (t);
-      /* And the printed form parses to the same thing. */
-      t = ut_parse ("%s", want);
-      if (t) {
-        ut_check_format (t, want);
-        table_free (t);
-      }
-    }
+    ut_check_roundtrip (text, want);
+    free (text);
     free (want);
   }
 }

@@ -24,27 +24,13 @@
 
 /* --- capturing the engine's debug log ------------------------------------ */
 
-static char last_log[8192];
-static unsigned nr_logs;
-
-static void
-capture_log (const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (last_log, sizeof last_log, fmt, ap);
-  va_end (ap);
-  nr_logs++;
-}
-
 static void
 trace_on (void)
 {
-  mapper_debug = capture_log;
+  mapper_debug = unit_capture_log;
   mapper_trace_io = true;
-  last_log[0] = '\0';
-  nr_logs = 0;
+  unit_last_log[0] = '\0';
+  unit_nr_logs = 0;
 }
 
 static void
@@ -634,19 +620,20 @@ test_mixed_clones (struct device *dev)
   trace_on ();
   /* 35..42: two linear targets, contiguous in file A: one clone. */
   CHECK (device_pread (dev, buf, 7 * S, 35 * S, 0) == 0);
-  CHECKF (strstr (last_log, "mixed: read 17920+3584 -> 1 clone:") != NULL,
-          "%s", last_log);
-  CHECK (nr_logs == 1);                 /* one line per request */
+  CHECKF (strstr (unit_last_log, "mixed: read 17920+3584 -> 1 clone:") != NULL,
+          "%s", unit_last_log);
+  CHECK (unit_nr_logs == 1);                 /* one line per request */
   /* 0..13: A then B: two clones. */
   CHECK (device_pread (dev, buf, 13 * S, 0, 0) == 0);
-  CHECKF (strstr (last_log, "-> 2 clones:") != NULL, "%s", last_log);
+  CHECKF (strstr (unit_last_log, "-> 2 clones:") != NULL, "%s", unit_last_log);
   /* The zero target emits no clone; striped 12 sectors / chunk 3 = 4. */
   CHECK (device_pread (dev, buf, 16 * S, 13 * S, 0) == 0);
-  CHECKF (strstr (last_log, "-> 4 clones:") != NULL, "%s", last_log);
+  CHECKF (strstr (unit_last_log, "-> 4 clones:") != NULL, "%s", unit_last_log);
   CHECK (device_pwrite (dev, buf, 4 * S, 25 * S, 0) == 0);   /* zero target */
-  CHECKF (strstr (last_log, "-> 0 clones") != NULL, "%s", last_log);
+  CHECKF (strstr (unit_last_log, "-> 0 clones") != NULL, "%s", unit_last_log);
   CHECK (device_flush (dev, 0) == 0);
-  CHECKF (strstr (last_log, "flush -> 3 backends") != NULL, "%s", last_log);
+  CHECKF (strstr (unit_last_log, "flush -> 3 backends") != NULL,
+          "%s", unit_last_log);
   CHECK (device_pread (dev, buf, 3 * S, 41 * S, 0) == -EIO);
   trace_off ();
   verify_all (dev, "after clone tests");
@@ -692,28 +679,29 @@ test_merge_1024 (void)
     memset (buf, 0, size);
     CHECK (device_pread (dev, buf, size, 0, 0) == 0);
     if (pass == 0) {
-      CHECKF (strstr (last_log, "merge: read 0+1048576 -> 1 clone: [") != NULL,
-              "%s", last_log);
+      CHECKF (strstr (unit_last_log, "merge: read 0+1048576 -> 1 clone: [")
+              != NULL, "%s", unit_last_log);
       CHECK (memcmp (buf, bg, size) == 0);
     }
     else {
-      CHECKF (strstr (last_log, "merge: read 0+1048576 -> 1024 clones:")
-              != NULL, "%.200s", last_log);
+      CHECKF (strstr (unit_last_log, "merge: read 0+1048576 -> 1024 clones:")
+              != NULL, "%.200s", unit_last_log);
       for (uint64_t i = 0; i < n; i++)
         CHECK (memcmp (buf + i * tsz, bg + (n - 1 - i) * tsz, tsz) == 0);
     }
     /* A read over a middle, unaligned stretch. */
     CHECK (device_pread (dev, buf, 300 * tsz + 3, 100 * tsz - 1, 0) == 0);
     if (pass == 0) {
-      CHECKF (strstr (last_log, "-> 1 clone:") != NULL, "%s", last_log);
+      CHECKF (strstr (unit_last_log, "-> 1 clone:") != NULL,
+              "%s", unit_last_log);
       CHECK (memcmp (buf, bg + 100 * tsz - 1, 300 * tsz + 3) == 0);
     }
     /* Writes, zero, trim merge the same way. */
     unit_fill (buf, size, 999 + pass, 0);
     CHECK (device_pwrite (dev, buf, size, 0, 0) == 0);
     if (pass == 0)
-      CHECKF (strstr (last_log, "write 0+1048576 -> 1 clone:") != NULL, "%s",
-              last_log);
+      CHECKF (strstr (unit_last_log, "write 0+1048576 -> 1 clone:") != NULL,
+              "%s", unit_last_log);
     {
       size_t fsize;
       char *got = unit_read_file (path, &fsize);
@@ -727,14 +715,15 @@ test_merge_1024 (void)
     }
     CHECK (device_zero (dev, size - 2, 1, 0) == 0);
     if (pass == 0)
-      CHECKF (strstr (last_log, "zero 1+1048574 -> 1 clone:") != NULL, "%s",
-              last_log);
+      CHECKF (strstr (unit_last_log, "zero 1+1048574 -> 1 clone:") != NULL,
+              "%s", unit_last_log);
     CHECK (device_trim (dev, size, 0, 0) == 0);
     if (pass == 0)
-      CHECKF (strstr (last_log, "trim 0+1048576 -> 1 clone:") != NULL, "%s",
-              last_log);
+      CHECKF (strstr (unit_last_log, "trim 0+1048576 -> 1 clone:") != NULL,
+              "%s", unit_last_log);
     CHECK (device_flush (dev, 0) == 0);
-    CHECKF (strstr (last_log, "flush -> 1 backend") != NULL, "%s", last_log);
+    CHECKF (strstr (unit_last_log, "flush -> 1 backend") != NULL,
+            "%s", unit_last_log);
     trace_off ();
     device_destroy (dev);
   }

@@ -237,18 +237,6 @@ test_io (void)
 /* Reads are spread over the legs (by 1 MiB of device offset): a read at
  * 0 and one at 1 MiB go to different legs; writes go to both.
  */
-static char last_log[4096];
-
-static void
-capture_log (const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (last_log, sizeof last_log, fmt, ap);
-  va_end (ap);
-}
-
 static void
 test_read_spread (void)
 {
@@ -266,13 +254,14 @@ test_read_spread (void)
    * region out of sync, so only leg 0 may serve reads, even at 1 MiB.
    */
   dev = mkdev ("spread", text);
-  mapper_debug = capture_log;
+  mapper_debug = unit_capture_log;
   mapper_trace_io = true;
   want0 = unit_sprintf ("read 0+4096 -> 1 clone: [%s 0+4096]", C);
   want1 = unit_sprintf ("read %llu+4096 -> 1 clone: [%s %llu+4096]",
                         LEG_SIZE, D, LEG_SIZE);
   CHECK_EQ (device_pread (dev, buf, 4096, LEG_SIZE, 0), 0);
-  CHECKF (strstr (last_log, C) && !strstr (last_log, D), "log '%s'", last_log);
+  CHECKF (strstr (unit_last_log, C) && !strstr (unit_last_log, D),
+          "log '%s'", unit_last_log);
   device_destroy (dev);
 
   free (text);
@@ -280,11 +269,13 @@ test_read_spread (void)
                        2 * LEG_SECTORS, C, D);
   dev = mkdev ("spread", text);
   CHECK_EQ (device_pread (dev, buf, 4096, 0, 0), 0);
-  CHECKF (strstr (last_log, want0), "log '%s', want '%s'", last_log, want0);
+  CHECKF (strstr (unit_last_log, want0),
+          "log '%s', want '%s'", unit_last_log, want0);
   CHECK_EQ (device_pread (dev, buf, 4096, LEG_SIZE, 0), 0);
-  CHECKF (strstr (last_log, want1), "log '%s', want '%s'", last_log, want1);
+  CHECKF (strstr (unit_last_log, want1),
+          "log '%s', want '%s'", unit_last_log, want1);
   CHECK_EQ (device_pwrite (dev, buf, 4096, 0, 0), 0);
-  CHECKF (strstr (last_log, "-> 2 clones"), "log '%s'", last_log);
+  CHECKF (strstr (unit_last_log, "-> 2 clones"), "log '%s'", unit_last_log);
   mapper_debug = NULL;
   mapper_trace_io = false;
   device_destroy (dev);

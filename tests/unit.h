@@ -240,6 +240,22 @@ unit_is_zero (const void *buf, size_t len)
   return true;
 }
 
+/* For mapper_debug: keeps the last line logged and counts the lines. */
+__attribute__ ((unused)) static char unit_last_log[8192];
+__attribute__ ((unused)) static unsigned unit_nr_logs;
+
+__attribute__ ((unused, format (printf, 1, 2)))
+static void
+unit_capture_log (const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (unit_last_log, sizeof unit_last_log, fmt, ap);
+  va_end (ap);
+  unit_nr_logs++;
+}
+
 /* asprintf that cannot fail (for building table texts). */
 __attribute__ ((unused, format (printf, 1, 2)))
 static char *

@@ -258,20 +258,14 @@ static int
 crypt_parse_opts (struct target *ti, struct crypt *cc, unsigned argc,
                   char **argv, struct mapper_err *err)
 {
-  uint64_t n;
+  int r;
 
   if (argc == 0)
     return 0;
-  if (parse_u64 (argv[0], &n) < 0 || n > CRYPT_MAX_OPTS) {
-    mapper_err_set (err, "invalid number of optional parameters '%s' (0 to "
-                    "%d)", argv[0], CRYPT_MAX_OPTS);
-    return -EINVAL;
-  }
-  if (n != argc - 1) {
-    mapper_err_set (err, "%" PRIu64 " optional parameter%s declared but %u "
-                    "given", n, n == 1 ? "" : "s", argc - 1);
-    return -EINVAL;
-  }
+  r = target_count_args (argc, argv, CRYPT_MAX_OPTS, "optional parameter",
+                         err);
+  if (r < 0)
+    return r;
   for (unsigned i = 1; i < argc; i++) {
     const char *o = argv[i];
     uint64_t ss;
@@ -459,13 +453,8 @@ crypt_ctr (struct target *ti, unsigned argc, char **argv,
     r = -EINVAL;
     goto err;
   }
-  if ((r = parse_sectors (argv[4], &cc->start)) < 0) {
-    mapper_err_set (err, "offset '%s' %s", argv[4],
-                    r == -ERANGE ? "overflows 64 bits"
-                    : "is not a non-negative integer");
-    r = -EINVAL;
+  if ((r = target_parse_offset (argv[4], &cc->start, err)) < 0)
     goto err;
-  }
   if (cc->start & (cc->sector_size - 1)) {
     mapper_err_set (err, "offset %" PRIu64 " is not a multiple of "
                     "sector_size %" PRIu32 " (%" PRIu32 " sectors)",

@@ -60,8 +60,7 @@ delay_class_ctr (struct target *ti, struct delay_class *c, char **argv,
 
   if ((r = parse_sectors (argv[1], &c->start)) < 0) {
     mapper_err_set (err, "%soffset '%s' %s", class_name[cls], argv[1],
-                    r == -ERANGE ? "overflows 64 bits"
-                    : "is not a non-negative integer");
+                    parse_error_text (r));
     return -EINVAL;
   }
   if (parse_u64 (argv[2], &ms) < 0 || ms > UINT32_MAX) {

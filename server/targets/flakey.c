@@ -70,117 +70,128 @@ parse_u32 (const char *s, uint32_t min, uint32_t max, uint32_t *out)
   return 0;
 }
 
+/* The features that set a flag, and the one each excludes. */
+static const struct flag_feature {
+  const char *name;
+  unsigned flag, excludes;
+} flag_features[] = {
+  { "error_reads", ERROR_READS, 0 },
+  { "drop_writes", DROP_WRITES, ERROR_WRITES },
+  { "error_writes", ERROR_WRITES, DROP_WRITES },
+};
+
+static const struct flag_feature *
+flag_feature_find (const char *name, unsigned flag)
+{
+  for (size_t i = 0; i < ARRAY_SIZE (flag_features); i++)
+    if (name ? strcasecmp (name, flag_features[i].name) == 0
+        : flag == flag_features[i].flag)
+      return &flag_features[i];
+  return NULL;
+}
+
+static int
+flakey_flag_feature (struct flakey *fc, const struct flag_feature *ff,
+                     struct mapper_err *err)
+{
+  if (fc->flags & ff->flag) {
+    mapper_err_set (err, "feature %s duplicated", ff->name);
+    return -EINVAL;
+  }
+  if (fc->flags & ff->excludes) {
+    mapper_err_set (err, "feature %s conflicts with feature %s", ff->name,
+                    flag_feature_find (NULL, ff->excludes)->name);
+    return -EINVAL;
+  }
+  fc->flags |= ff->flag;
+  return 0;
+}
+
+/* corrupt_bio_byte <Nth_byte> <r|w> <value> <flags>: argv holds the argc
+ * arguments after the feature's name.
+ */
+static int
+flakey_corrupt_feature (struct flakey *fc, unsigned argc, char **argv,
+                        struct mapper_err *err)
+{
+  uint32_t value;
+
+  if (fc->corrupt_byte) {
+    mapper_err_set (err, "feature corrupt_bio_byte duplicated");
+    return -EINVAL;
+  }
+  if (argc < 4) {
+    mapper_err_set (err, "feature corrupt_bio_byte requires 4 "
+                    "parameters <Nth_byte> <r|w> <value> <flags>");
+    return -EINVAL;
+  }
+  if (parse_u32 (argv[0], 1, UINT32_MAX, &fc->corrupt_byte) < 0) {
+    mapper_err_set (err, "corrupt_bio_byte: invalid byte number '%s' "
+                    "(1 to %" PRIu32 ")", argv[0], UINT32_MAX);
+    return -EINVAL;
+  }
+  if (strcasecmp (argv[1], "w") == 0)
+    fc->corrupt_write = true;
+  else if (strcasecmp (argv[1], "r") != 0) {
+    mapper_err_set (err, "corrupt_bio_byte: invalid direction '%s' "
+                    "(r or w)", argv[1]);
+    return -EINVAL;
+  }
+  if (parse_u32 (argv[2], 0, 255, &value) < 0) {
+    mapper_err_set (err, "corrupt_bio_byte: invalid value '%s' (0 to "
+                    "255)", argv[2]);
+    return -EINVAL;
+  }
+  fc->corrupt_value = value;
+  if (parse_u32 (argv[3], 0, UINT32_MAX, &fc->corrupt_flags) < 0) {
+    mapper_err_set (err, "corrupt_bio_byte: invalid flags mask '%s' "
+                    "(0 to %" PRIu32 ")", argv[3], UINT32_MAX);
+    return -EINVAL;
+  }
+  return 0;
+}
+
 static int
 flakey_features (struct flakey *fc, unsigned argc, char **argv,
                  struct mapper_err *err)
 {
-  uint32_t n;
-  unsigned i;
+  unsigned i, clash;
+  int r;
 
   if (argc == 0)
     goto error_all_io;
-  if (parse_u32 (argv[0], 0, MAX_FEATURE_ARGS, &n) < 0) {
-    mapper_err_set (err, "invalid number of feature arguments '%s' (0 to "
-                    "%d)", argv[0], MAX_FEATURE_ARGS);
-    return -EINVAL;
-  }
-  if (n != argc - 1) {
-    mapper_err_set (err, "%" PRIu32 " feature argument%s declared but %u "
-                    "given", n, n == 1 ? "" : "s", argc - 1);
-    return -EINVAL;
-  }
+  r = target_count_args (argc, argv, MAX_FEATURE_ARGS, "feature argument",
+                         err);
+  if (r < 0)
+    return r;
   for (i = 1; i < argc; i++) {
-    const char *f = argv[i];
+    const struct flag_feature *ff = flag_feature_find (argv[i], 0);
 
-    if (strcasecmp (f, "error_reads") == 0) {
-      if (fc->flags & ERROR_READS) {
-        mapper_err_set (err, "feature error_reads duplicated");
-        return -EINVAL;
-      }
-      fc->flags |= ERROR_READS;
-    }
-    else if (strcasecmp (f, "drop_writes") == 0) {
-      if (fc->flags & DROP_WRITES) {
-        mapper_err_set (err, "feature drop_writes duplicated");
-        return -EINVAL;
-      }
-      if (fc->flags & ERROR_WRITES) {
-        mapper_err_set (err, "feature drop_writes conflicts with feature "
-                        "error_writes");
-        return -EINVAL;
-      }
-      fc->flags |= DROP_WRITES;
-    }
-    else if (strcasecmp (f, "error_writes") == 0) {
-      if (fc->flags & ERROR_WRITES) {
-        mapper_err_set (err, "feature error_writes duplicated");
-        return -EINVAL;
-      }
-      if (fc->flags & DROP_WRITES) {
-        mapper_err_set (err, "feature error_writes conflicts with feature "
-                        "drop_writes");
-        return -EINVAL;
-      }
-      fc->flags |= ERROR_WRITES;
-    }
-    else if (strcasecmp (f, "corrupt_bio_byte") == 0) {
-      uint32_t value;
-
-      if (fc->corrupt_byte) {
-        mapper_err_set (err, "feature corrupt_bio_byte duplicated");
-        return -EINVAL;
-      }
-      if (argc - 1 - i < 4) {
-        mapper_err_set (err, "feature corrupt_bio_byte requires 4 "
-                        "parameters <Nth_byte> <r|w> <value> <flags>");
-        return -EINVAL;
-      }
-      if (parse_u32 (argv[i + 1], 1, UINT32_MAX, &fc->corrupt_byte) < 0) {
-        mapper_err_set (err, "corrupt_bio_byte: invalid byte number '%s' "
-                        "(1 to %" PRIu32 ")", argv[i + 1], UINT32_MAX);
-        return -EINVAL;
-      }
-      if (strcasecmp (argv[i + 2], "w") == 0)
-        fc->corrupt_write = true;
-      else if (strcasecmp (argv[i + 2], "r") != 0) {
-        mapper_err_set (err, "corrupt_bio_byte: invalid direction '%s' "
-                        "(r or w)", argv[i + 2]);
-        return -EINVAL;
-      }
-      if (parse_u32 (argv[i + 3], 0, 255, &value) < 0) {
-        mapper_err_set (err, "corrupt_bio_byte: invalid value '%s' (0 to "
-                        "255)", argv[i + 3]);
-        return -EINVAL;
-      }
-      fc->corrupt_value = value;
-      if (parse_u32 (argv[i + 4], 0, UINT32_MAX, &fc->corrupt_flags) < 0) {
-        mapper_err_set (err, "corrupt_bio_byte: invalid flags mask '%s' "
-                        "(0 to %" PRIu32 ")", argv[i + 4], UINT32_MAX);
-        return -EINVAL;
-      }
+    if (ff)
+      r = flakey_flag_feature (fc, ff, err);
+    else if (strcasecmp (argv[i], "corrupt_bio_byte") == 0) {
+      r = flakey_corrupt_feature (fc, argc - 1 - i, &argv[i + 1], err);
       i += 4;
     }
     else {
       mapper_err_set (err, "unknown feature '%s' (error_reads, drop_writes, "
-                      "error_writes, corrupt_bio_byte)", f);
-      return -EINVAL;
+                      "error_writes, corrupt_bio_byte)", argv[i]);
+      r = -EINVAL;
     }
+    if (r < 0)
+      return r;
   }
 
-  if (fc->corrupt_byte && fc->corrupt_write && (fc->flags & DROP_WRITES)) {
-    mapper_err_set (err, "drop_writes is incompatible with corrupt_bio_byte "
-                    "with the WRITE flag set");
-    return -EINVAL;
-  }
-  if (fc->corrupt_byte && fc->corrupt_write && (fc->flags & ERROR_WRITES)) {
-    mapper_err_set (err, "error_writes is incompatible with corrupt_bio_byte "
-                    "with the WRITE flag set");
-    return -EINVAL;
-  }
-  if (fc->corrupt_byte && !fc->corrupt_write && (fc->flags & ERROR_READS)) {
-    mapper_err_set (err, "error_reads is incompatible with corrupt_bio_byte "
-                    "with the READ flag set");
-    return -EINVAL;
+  /* Corrupting the data of requests that fail or are dropped: dm refuses. */
+  if (fc->corrupt_byte) {
+    clash = fc->flags & (fc->corrupt_write ? DROP_WRITES | ERROR_WRITES
+                         : ERROR_READS);
+    if (clash) {
+      mapper_err_set (err, "%s is incompatible with corrupt_bio_byte with "
+                      "the %s flag set", flag_feature_find (NULL, clash)->name,
+                      fc->corrupt_write ? "WRITE" : "READ");
+      return -EINVAL;
+    }
   }
   if (fc->flags || fc->corrupt_byte)
     return 0;
@@ -209,13 +220,8 @@ flakey_ctr (struct target *ti, unsigned argc, char **argv,
     return -ENOMEM;
   }
   fc->born_ns = monotonic_ns ();
-  if ((r = parse_sectors (argv[1], &fc->start)) < 0) {
-    mapper_err_set (err, "offset '%s' %s", argv[1],
-                    r == -ERANGE ? "overflows 64 bits"
-                    : "is not a non-negative integer");
-    r = -EINVAL;
+  if ((r = target_parse_offset (argv[1], &fc->start, err)) < 0)
     goto err;
-  }
   if (parse_u32 (argv[2], 0, UINT32_MAX, &fc->up) < 0) {
     mapper_err_set (err, "invalid up interval '%s' (seconds, 0 to %" PRIu32
                     ")", argv[2], UINT32_MAX);

@@ -25,12 +25,8 @@ linear_ctr (struct target *ti, unsigned argc, char **argv,
     mapper_err_set (err, "expected 2 arguments <dev> <offset>, got %u", argc);
     return -EINVAL;
   }
-  if ((r = parse_sectors (argv[1], &start)) < 0) {
-    mapper_err_set (err, "offset '%s' %s", argv[1],
-                    r == -ERANGE ? "overflows 64 bits"
-                    : "is not a non-negative integer");
-    return -EINVAL;
-  }
+  if ((r = target_parse_offset (argv[1], &start, err)) < 0)
+    return r;
   lc = target_private_alloc (ti, sizeof *lc);
   if (lc == NULL) {
     mapper_err_set (err, "out of memory");

@@ -644,12 +644,6 @@ mirror_status (struct target *ti, enum status_type type, char *buf,
 
 /* --- constructor -------------------------------------------------------- */
 
-static const char *
-number_error (int r)
-{
-  return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
-}
-
 static void mirror_dtr (struct target *ti);
 
 static int
@@ -674,7 +668,7 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
     return -EINVAL;
   }
   if ((r = parse_u64 (argv[1], &nlog)) < 0) {
-    mapper_err_set (err, "#log_args '%s' %s", argv[1], number_error (r));
+    mapper_err_set (err, "#log_args '%s' %s", argv[1], parse_error_text (r));
     return -EINVAL;
   }
   if (nlog < 1 || nlog > 2) {
@@ -690,7 +684,7 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
   }
   a = 2;
   if ((r = parse_u64 (argv[a], &region)) < 0) {
-    mapper_err_set (err, "region size '%s' %s", argv[a], number_error (r));
+    mapper_err_set (err, "region size '%s' %s", argv[a], parse_error_text (r));
     return -EINVAL;
   }
   if (region < 2 || !IS_POWER_OF_2 (region)) {
@@ -740,7 +734,7 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
     goto einval;
   }
   if ((r = parse_u64 (argv[a], &nlegs)) < 0) {
-    mapper_err_set (err, "#legs '%s' %s", argv[a], number_error (r));
+    mapper_err_set (err, "#legs '%s' %s", argv[a], parse_error_text (r));
     goto einval;
   }
   if (nlegs < 2 || nlegs > MIRROR_MAX_LEGS) {
@@ -758,7 +752,7 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
     uint64_t start;
     if ((r = parse_sectors (argv[a + 1], &start)) < 0) {
       mapper_err_set (err, "leg %u: offset '%s' %s", i, argv[a + 1],
-                      number_error (r));
+                      parse_error_text (r));
       goto einval;
     }
     m->legs[i].start = start;
@@ -785,7 +779,7 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
   /* Features: [<#features> handle_errors]. */
   if (a < argc) {
     if ((r = parse_u64 (argv[a], &nfeat)) < 0) {
-      mapper_err_set (err, "#features '%s' %s", argv[a], number_error (r));
+      mapper_err_set (err, "#features '%s' %s", argv[a], parse_error_text (r));
       goto einval;
     }
     a++;

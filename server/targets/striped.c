@@ -89,8 +89,7 @@ striped_ctr (struct target *ti, unsigned argc, char **argv,
 
     if ((r = parse_sectors (off, &s->start)) < 0) {
       mapper_err_set (err, "stripe %" PRIu32 ": offset '%s' %s", i, off,
-                      r == -ERANGE ? "overflows 64 bits"
-                      : "is not a non-negative integer");
+                      parse_error_text (r));
       free (sc);
       return -EINVAL;
     }
