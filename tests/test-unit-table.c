@@ -14,88 +14,23 @@
 
 #include "internal.h"
 #include "unit.h"
+#include "unit-targets.h"
 
-#define ORIGIN "tbl-origin"
+#define ORIGIN UT_ORIGIN
 #define FILE_SECTORS 2048                 /* backing files are 1 MiB */
-#define SENTINEL ((struct table *) (uintptr_t) 0x5e57)
+#define SENTINEL UT_SENTINEL
 
 static char *A, *B, *A_LINK, *A_HARD, *DIR_PATH, *FIFO, *MISSING, *SMALL;
 static char *A_REAL, *B_REAL;
 
-/* table_parse must fail with -want_errno; the message must start with
- * "ORIGIN:line: " (or "ORIGIN: " and no line when line == 0) and contain
- * each non-NULL phrase; *out must stay untouched and no descriptor may
- * leak.
- */
-static void
-expect_fail_at (int srcline, const char *text, int want_errno, int line,
-                const char *phrase1, const char *phrase2)
-{
-  struct table *t = SENTINEL;
-  struct mapper_err err;
-  char prefix[256];
-  int fds = unit_count_fds ();
-  int r;
-  bool ok = true;
-
-  memset (err.msg, 'X', sizeof err.msg);
-  err.msg[sizeof err.msg - 1] = '\0';
-  r = table_parse (text, ORIGIN, &t, &err);
-
-#define SUB(cond) do { if (!(cond)) { ok = false; \
-  fprintf (stderr, "test-unit-table.c:%d: failed: %s\n", srcline, #cond); } \
-  } while (0)
-  SUB (r == -want_errno);
-  SUB (t == SENTINEL);
-  if (line > 0) {
-    snprintf (prefix, sizeof prefix, "%s:%d: ", ORIGIN, line);
-    SUB (strncmp (err.msg, prefix, strlen (prefix)) == 0);
-  }
-  else {
-    snprintf (prefix, sizeof prefix, "%s: ", ORIGIN);
-    SUB (strncmp (err.msg, prefix, strlen (prefix)) == 0);
-    snprintf (prefix, sizeof prefix, "%s:1", ORIGIN);
-    SUB (strstr (err.msg, prefix) == NULL);
-  }
-  if (phrase1)
-    SUB (strstr (err.msg, phrase1) != NULL);
-  if (phrase2)
-    SUB (strstr (err.msg, phrase2) != NULL);
-  SUB (unit_count_fds () == fds);
-#undef SUB
-  if (!ok) {
-    fprintf (stderr, "    table: %s\n    got r=%d (%s), t=%p, msg: %s\n",
-             text, r, r < 0 ? strerror (-r) : "success", (void *) t,
-             err.msg);
-    unit_failures++;
-    if (r == 0 && t != SENTINEL)
-      table_free (t);
-  }
-}
-#define expect_fail(...) expect_fail_at (__LINE__, __VA_ARGS__)
-
-/* Parse text that must succeed; NULL (and a failure) otherwise. */
-static struct table *
-parse_ok_at (int srcline, const char *text)
-{
-  struct table *t = NULL;
-  struct mapper_err err = { "" };
-  int r = table_parse (text, ORIGIN, &t, &err);
-
-  if (r != 0 || t == NULL) {
-    fprintf (stderr, "test-unit-table.c:%d: table_parse failed: r=%d msg: "
-             "%s\n    table: %s\n", srcline, r, err.msg, text);
-    unit_failures++;
-    return NULL;
-  }
-  return t;
-}
-#define parse_ok(text) parse_ok_at (__LINE__, text)
+#define expect_fail(text, want, line, p1, p2) \
+  ut_expect_fail_at (__LINE__, text, want, line, NULL, p1, p2)
+#define parse_ok(text) ut_parse ("%s", text)
 
 /* Owns text. */
 #define FAIL_FMT(want, line, p1, p2, ...) do { \
   char *_s = unit_sprintf (__VA_ARGS__); \
-  expect_fail_at (__LINE__, _s, want, line, p1, p2); \
+  ut_expect_fail_at (__LINE__, _s, want, line, NULL, p1, p2); \
   free (_s); } while (0)
 
 static void

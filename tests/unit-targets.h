@@ -10,8 +10,9 @@
 #define UT_SENTINEL ((struct table *) (uintptr_t) 0x5e57)
 
 /* table_parse(text) must fail with -want_errno and a message starting
- * "tbl:LINE: TARGET: " and containing each non-NULL phrase; *out stays
- * untouched and no descriptor leaks.
+ * "tbl:LINE: TARGET: " ("tbl:LINE: " without a target; "tbl: " and no
+ * line named when line is 0) and containing each non-NULL phrase; *out
+ * stays untouched and no descriptor leaks.
  */
 __attribute__ ((unused))
 static void
@@ -34,8 +35,17 @@ ut_expect_fail_at (int srcline, const char *text, int want_errno, int line,
   } while (0)
   SUB (r == -want_errno);
   SUB (t == UT_SENTINEL);
-  snprintf (prefix, sizeof prefix, "%s:%d: %s: ", UT_ORIGIN, line, target);
+  if (line > 0 && target)
+    snprintf (prefix, sizeof prefix, "%s:%d: %s: ", UT_ORIGIN, line, target);
+  else if (line > 0)
+    snprintf (prefix, sizeof prefix, "%s:%d: ", UT_ORIGIN, line);
+  else
+    snprintf (prefix, sizeof prefix, "%s: ", UT_ORIGIN);
   SUB (strncmp (err.msg, prefix, strlen (prefix)) == 0);
+  if (line <= 0) {              /* about the whole table: no line named */
+    snprintf (prefix, sizeof prefix, "%s:1", UT_ORIGIN);
+    SUB (strstr (err.msg, prefix) == NULL);
+  }
   if (phrase1)
     SUB (strstr (err.msg, phrase1) != NULL);
   if (phrase2)
