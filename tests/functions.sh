@@ -152,6 +152,27 @@ wait_for ()
     return 1
 }
 
+# stop_pidfile PIDFILE [SIGNAL]: stop the daemonised server whose pid is
+# in PIDFILE (SIGTERM unless told) and remove the file; wait up to 10 s
+# until it is gone (or a zombie: a daemon's parent is init, which may be
+# slow to reap it, and a zombie has closed its sockets and files), then
+# SIGKILL it: nbdkit 1.32 with the ASan runtime preloaded can hang at exit.
+# Does nothing without a pid file.
+stop_pidfile ()
+{
+    local pid i
+    [ -s "$1" ] || return 0
+    pid=$(cat "$1")
+    rm -f "$1"
+    kill "-${2:-TERM}" "$pid" 2>/dev/null || return 0
+    for (( i = 0; i < 100; i++ )); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 0
+        sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || :
+}
+
 # fuse_detach: undo an nbdfuse + losetup + mount stack set up in
 # $tmpdir/{fuse,mnt,loopdev,fusepid}, in reverse order; safe to run more
 # than once or when only part was set up, and never hangs on a dead FUSE

@@ -52,16 +52,7 @@ ms () { "$NBDMSETUP" -c "$ctl" "$@"; }
 mkdir "$tmpdir/fuse" "$tmpdir/mnt"
 
 detach () { fuse_detach; }
-stop_server ()
-{
-    if [ -s "$tmpdir/pid" ]; then
-        local p
-        p=$(cat "$tmpdir/pid")
-        kill "$p" 2>/dev/null || :
-        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        rm -f "$tmpdir/pid"
-    fi
-}
+stop_server () { stop_pidfile "$tmpdir/pid"; }
 cleanup_fn stop_server
 cleanup_fn detach
 
