@@ -117,7 +117,8 @@ assert after[:50001] == before[:50001], \"trim touched bytes before it\"
 assert after[250001:] == before[250001:], \"trim touched bytes after it\"
 "' || die "$name: trim failed"
     python3 - "$f" "$tmpdir/$name.before-trim" "$devoff" "$ss" \
-              "$(case "$opts" in *allow_discards*) echo 1;; *) echo 0;; esac)" <<'EOF'
+              "$(case "$opts" in *allow_discards*) echo 1;; *) echo 0;; esac)" \
+              <<'EOF' || die "$name: trim checks"
 import sys
 f, before, devoff, ss, discards = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 a = open(f, "rb").read()
@@ -132,7 +133,6 @@ else:
     assert a[base + first:base + last] == bytes(last - first), "trim: not punched"
     assert a[base + last:] == b[base + last:], "trim: partial sector after"
 EOF
-    [ $? -eq 0 ] || die "$name: trim checks"
     echo "$name: ok"
 }
 
