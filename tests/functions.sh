@@ -152,6 +152,86 @@ wait_for ()
     return 1
 }
 
+# stop_pidfile PIDFILE [SIGNAL]: stop the daemonised server whose pid is
+# in PIDFILE (SIGTERM unless told) and remove the file; wait up to 10 s
+# until it is gone (or a zombie: a daemon's parent is init, which may be
+# slow to reap it, and a zombie has closed its sockets and files), then
+# SIGKILL it: nbdkit 1.32 with the ASan runtime preloaded can hang at exit.
+# Does nothing without a pid file.
+stop_pidfile ()
+{
+    local pid i
+    [ -s "$1" ] || return 0
+    pid=$(cat "$1")
+    rm -f "$1"
+    kill "-${2:-TERM}" "$pid" 2>/dev/null || return 0
+    for (( i = 0; i < 100; i++ )); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 0
+        sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || :
+}
+
+# ext4_fuse_preflight: skip the test (exit 77) unless an ext4 filesystem
+# on nbdfuse + a loop device can work here at all, independent of the
+# plugin (containers often cannot): the tools, a loop device on a file with
+# ext4 mounted from it, and (given nbdkit's memory plugin) an nbdfuse mount.
+ext4_fuse_preflight ()
+{
+    local preloop pf
+    requires nbdfuse --version
+    requires fusermount3 --version
+    requires test -c /dev/fuse
+    requires losetup --version
+    requires mkfs.ext4 -V
+    requires fsck.ext4 -V
+    requires mount --version
+    requires sha256sum --version
+    truncate -s 8M "$tmpdir/pre.img"
+    mkfs.ext4 -q -F "$tmpdir/pre.img" >/dev/null 2>&1 || {
+        echo "$0: skipped: mkfs.ext4 on a file fails"; exit 77; }
+    mkdir "$tmpdir/pre"
+    if ! preloop=$(losetup -f --show "$tmpdir/pre.img" 2>/dev/null); then
+        echo "$0: skipped: cannot attach a loop device"; exit 77
+    fi
+    if ! mount -t ext4 "$preloop" "$tmpdir/pre" 2>/dev/null; then
+        losetup -d "$preloop"
+        echo "$0: skipped: cannot mount ext4"; exit 77
+    fi
+    umount "$tmpdir/pre"
+    losetup -d "$preloop"
+    nbdkit memory --dump-plugin >/dev/null 2>&1 || return 0
+    mkdir "$tmpdir/prefuse"
+    pf=$tmpdir/prefuse
+    if ! nbdkit -U - memory 1M --run "
+            nbdfuse '$pf' \"\$uri\" & pid=\$!
+            for i in \$(seq 100); do
+                [ -e '$pf/nbd' ] && break; sleep 0.1
+            done
+            ok=0; [ -e '$pf/nbd' ] && ok=1
+            fusermount3 -u '$pf' 2>/dev/null || kill \$pid 2>/dev/null
+            wait \$pid 2>/dev/null
+            [ \$ok = 1 ]" >/dev/null 2>&1; then
+        grep -q " $pf " /proc/mounts &&
+            { fusermount3 -u -z "$pf" || umount -l "$pf"; }
+        echo "$0: skipped: nbdfuse cannot mount here"; exit 77
+    fi
+}
+
+# fuse_attach URI: nbdfuse URI on $tmpdir/fuse (made by the caller) and a
+# fresh loop device on its file (no blocks cached from before); sets $loop
+# to the device and writes $tmpdir/{fusepid,loopdev} for fuse_detach.
+# Fails if nbdfuse does not come up within 30 s (the caller says so).
+fuse_attach ()
+{
+    nbdfuse "$tmpdir/fuse" "$1" &
+    echo $! > "$tmpdir/fusepid"
+    wait_for test -e "$tmpdir/fuse/nbd" || return 1
+    loop=$(losetup -f --show "$tmpdir/fuse/nbd") || return 1
+    echo "$loop" > "$tmpdir/loopdev"
+}
+
 # fuse_detach: undo an nbdfuse + losetup + mount stack set up in
 # $tmpdir/{fuse,mnt,loopdev,fusepid}, in reverse order; safe to run more
 # than once or when only part was set up, and never hangs on a dead FUSE

@@ -24,22 +24,8 @@ backend_tcp ()
     wait_file "$tmpdir/$name.pid"
 }
 
-# kill_backend NAME [SIGNAL]: stop it (and wait until it is gone).  A
-# daemon's parent is init, which may be slow to reap it: a zombie is gone
-# (its sockets are closed).
-kill_backend ()
-{
-    local pid i
-    [ -f "$tmpdir/$1.pid" ] || return 0
-    pid=$(cat "$tmpdir/$1.pid")
-    rm -f "$tmpdir/$1.pid"
-    kill "-${2:-TERM}" "$pid" 2>/dev/null || return 0
-    for (( i = 0; i < 100; i++ )); do
-        kill -0 "$pid" 2>/dev/null || return 0
-        [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 0
-        sleep 0.1
-    done
-}
+# kill_backend NAME [SIGNAL]: stop it (and wait until it is gone).
+kill_backend () { stop_pidfile "$tmpdir/$1.pid" "${2:-TERM}"; }
 
 wait_file ()
 {

@@ -24,6 +24,18 @@ requires cmp --version
 ref=$top_srcdir/tests/crypt-reference.py
 S=512
 
+# on_disk_is PLAIN SUFFIX MESSAGE, from check (it uses check's locals): the
+# target's area of the backing file must be PLAIN as the reference encrypts
+# it; the copies are $name.disk$SUFFIX and $name.want$SUFFIX.
+on_disk_is ()
+{
+    dd if="$f" of="$tmpdir/$name.disk$2" bs=$S skip="$devoff" count=$sectors \
+       status=none
+    python3 "$ref" encrypt "$cipher" "$key" "$ivoff" "$ss" "$large" \
+        "$1" "$tmpdir/$name.want$2"
+    cmp "$tmpdir/$name.want$2" "$tmpdir/$name.disk$2" || die "$name: $3"
+}
+
 # check NAME CIPHER KEYBYTES IV_OFFSET DEV_OFFSET SECTOR_SIZE IV_LARGE [OPTS]
 check ()
 {
@@ -52,12 +64,8 @@ assert h.pread(3, 4094) == d[4094:4097]
         die "$name: I/O through the device failed"
     cmp "$tmpdir/$name.plain" "$tmpdir/$name.back" ||
         die "$name: nbdcopy read back differs"
-    dd if="$f" of="$tmpdir/$name.disk" bs=$S skip="$devoff" count=$sectors \
-       status=none
-    python3 "$ref" encrypt "$cipher" "$key" "$ivoff" "$ss" "$large" \
-        "$tmpdir/$name.plain" "$tmpdir/$name.want"
-    cmp "$tmpdir/$name.want" "$tmpdir/$name.disk" ||
-        die "$name: the backing file is not what dm-crypt writes"
+    on_disk_is "$tmpdir/$name.plain" "" \
+        "the backing file is not what dm-crypt writes"
     # Nothing outside the target's area was touched.
     python3 -c "
 import sys
@@ -96,12 +104,7 @@ open(sys.argv[2], "wb").write(d)
 EOF
     cmp "$tmpdir/$name.exp3" "$tmpdir/$name.back3" ||
         die "$name: zero: wrong data read back"
-    dd if="$f" of="$tmpdir/$name.disk3" bs=$S skip="$devoff" count=$sectors \
-       status=none
-    python3 "$ref" encrypt "$cipher" "$key" "$ivoff" "$ss" "$large" \
-        "$tmpdir/$name.exp3" "$tmpdir/$name.want3"
-    cmp "$tmpdir/$name.want3" "$tmpdir/$name.disk3" ||
-        die "$name: zero did not write encrypted zeros"
+    on_disk_is "$tmpdir/$name.exp3" 3 "zero did not write encrypted zeros"
 
     cp "$f" "$tmpdir/$name.before-trim"
     mapper -U - "$tmpdir/$name.table" --run '
@@ -114,7 +117,8 @@ assert after[:50001] == before[:50001], \"trim touched bytes before it\"
 assert after[250001:] == before[250001:], \"trim touched bytes after it\"
 "' || die "$name: trim failed"
     python3 - "$f" "$tmpdir/$name.before-trim" "$devoff" "$ss" \
-              "$(case "$opts" in *allow_discards*) echo 1;; *) echo 0;; esac)" <<'EOF'
+              "$(case "$opts" in *allow_discards*) echo 1;; *) echo 0;; esac)" \
+              <<'EOF' || die "$name: trim checks"
 import sys
 f, before, devoff, ss, discards = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 a = open(f, "rb").read()
@@ -129,7 +133,6 @@ else:
     assert a[base + first:base + last] == bytes(last - first), "trim: not punched"
     assert a[base + last:] == b[base + last:], "trim: partial sector after"
 EOF
-    [ $? -eq 0 ] || die "$name: trim checks"
     echo "$name: ok"
 }
 

@@ -6,48 +6,7 @@
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
-requires nbdfuse --version
-requires fusermount3 --version
-requires test -c /dev/fuse
-requires losetup --version
-requires mkfs.ext4 -V
-requires fsck.ext4 -V
-requires mount --version
-requires sha256sum --version
-
-# Preflight, independent of the plugin: can we attach a loop device and
-# mount ext4 here at all (containers often cannot)?
-truncate -s 8M "$tmpdir/pre.img"
-mkfs.ext4 -q -F "$tmpdir/pre.img" >/dev/null 2>&1 || {
-    echo "$0: skipped: mkfs.ext4 on a file fails"; exit 77; }
-mkdir "$tmpdir/pre"
-if ! preloop=$(losetup -f --show "$tmpdir/pre.img" 2>/dev/null); then
-    echo "$0: skipped: cannot attach a loop device"; exit 77
-fi
-if ! mount -t ext4 "$preloop" "$tmpdir/pre" 2>/dev/null; then
-    losetup -d "$preloop"
-    echo "$0: skipped: cannot mount ext4"; exit 77
-fi
-umount "$tmpdir/pre"
-losetup -d "$preloop"
-# ... and can nbdfuse mount at all (with nbdkit's own memory plugin)?
-if nbdkit memory --dump-plugin >/dev/null 2>&1; then
-    mkdir "$tmpdir/prefuse"
-    pf=$tmpdir/prefuse
-    if ! nbdkit -U - memory 1M --run "
-            nbdfuse '$pf' \"\$uri\" & pid=\$!
-            for i in \$(seq 100); do
-                [ -e '$pf/nbd' ] && break; sleep 0.1
-            done
-            ok=0; [ -e '$pf/nbd' ] && ok=1
-            fusermount3 -u '$pf' 2>/dev/null || kill \$pid 2>/dev/null
-            wait \$pid 2>/dev/null
-            [ \$ok = 1 ]" >/dev/null 2>&1; then
-        grep -q " $tmpdir/prefuse " /proc/mounts &&
-            { fusermount3 -u -z "$tmpdir/prefuse" || umount -l "$tmpdir/prefuse"; }
-        echo "$0: skipped: nbdfuse cannot mount here"; exit 77
-    fi
-fi
+ext4_fuse_preflight
 
 # The device: 3 stripes, chunk 24 sectors (12K, not a power of two), then
 # a linear tail; about 97M.
@@ -72,18 +31,9 @@ tmpdir=$1 uri=$2 phase=$3
 source "$tmpdir/cleanup.sh"
 trap ext4_cleanup EXIT
 
-nbdfuse "$tmpdir/fuse" "$uri" &
-echo $! > "$tmpdir/fusepid"
-for i in $(seq 300); do
-    [ -e "$tmpdir/fuse/nbd" ] && break
-    sleep 0.1
-done
-[ -e "$tmpdir/fuse/nbd" ] || { echo "nbdfuse did not come up"; exit 1; }
+fuse_attach "$uri" || { echo "nbdfuse did not come up"; exit 1; }
 [ "$(stat -c %s "$tmpdir/fuse/nbd")" -eq "$4" ] ||
     { echo "FUSE file has the wrong size"; exit 1; }
-
-loop=$(losetup -f --show "$tmpdir/fuse/nbd")
-echo "$loop" > "$tmpdir/loopdev"
 echo "loop device: $loop"
 
 fsck_clean ()
@@ -158,7 +108,7 @@ else
     umount "$tmpdir/mnt"
 fi
 EOF
-declare -f ext4_cleanup fuse_detach > "$tmpdir/cleanup.sh"
+declare -f ext4_cleanup fuse_detach fuse_attach wait_for > "$tmpdir/cleanup.sh"
 echo "tmpdir=$(printf %q "$tmpdir")" >> "$tmpdir/cleanup.sh"
 
 size=$(( (len + 2048) * 512 ))

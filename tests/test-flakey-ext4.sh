@@ -15,28 +15,7 @@ source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 : "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
 requires test -x "$NBDMSETUP"
 requires nbdkit --version
-requires nbdfuse --version
-requires fusermount3 --version
-requires test -c /dev/fuse
-requires losetup --version
-requires mkfs.ext4 -V
-requires fsck.ext4 -V
-requires sha256sum --version
-
-# Preflight, independent of the plugin: loop devices and ext4 mounts.
-truncate -s 8M "$tmpdir/pre.img"
-mkfs.ext4 -q -F "$tmpdir/pre.img" >/dev/null 2>&1 || {
-    echo "$0: skipped: mkfs.ext4 on a file fails"; exit 77; }
-mkdir "$tmpdir/pre"
-if ! preloop=$(losetup -f --show "$tmpdir/pre.img" 2>/dev/null); then
-    echo "$0: skipped: cannot attach a loop device"; exit 77
-fi
-if ! mount -t ext4 "$preloop" "$tmpdir/pre" 2>/dev/null; then
-    losetup -d "$preloop"
-    echo "$0: skipped: cannot mount ext4"; exit 77
-fi
-umount "$tmpdir/pre"
-losetup -d "$preloop"
+ext4_fuse_preflight
 
 f=$(mkfile fs.img 96M)
 f=$(realpath "$f")
@@ -52,32 +31,12 @@ ms () { "$NBDMSETUP" -c "$ctl" "$@"; }
 mkdir "$tmpdir/fuse" "$tmpdir/mnt"
 
 detach () { fuse_detach; }
-stop_server ()
-{
-    if [ -s "$tmpdir/pid" ]; then
-        local p
-        p=$(cat "$tmpdir/pid")
-        kill "$p" 2>/dev/null || :
-        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        rm -f "$tmpdir/pid"
-    fi
-}
+stop_server () { stop_pidfile "$tmpdir/pid"; }
 cleanup_fn stop_server
 cleanup_fn detach
 
 # attach: nbdfuse + a fresh loop device (no blocks cached from before).
-attach ()
-{
-    nbdfuse "$tmpdir/fuse" "$uri" &
-    echo $! > "$tmpdir/fusepid"
-    for _ in $(seq 300); do
-        [ -e "$tmpdir/fuse/nbd" ] && break
-        sleep 0.1
-    done
-    [ -e "$tmpdir/fuse/nbd" ] || die "nbdfuse did not come up"
-    loop=$(losetup -f --show "$tmpdir/fuse/nbd")
-    echo "$loop" > "$tmpdir/loopdev"
-}
+attach () { fuse_attach "$uri" || die "nbdfuse did not come up"; }
 
 sums () { (cd "$tmpdir/mnt" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
 

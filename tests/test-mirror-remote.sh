@@ -15,25 +15,12 @@ requires nbdcopy --version
 requires fio --version
 requires sh -c 'fio --enghelp=nbd 2>&1 | grep -q uri'
 
+source "$top_srcdir/tests/remote-functions.sh"
+
+# The remote leg's server: backend puts it on $sock, pid in $pidfile.
 sock="$tmpdir/remote.sock"
 pidfile="$tmpdir/remote.pid"
-start_remote ()
-{
-    rm -f "$sock" "$pidfile"
-    nbdkit -U "$sock" -P "$pidfile" memory 32M || die "cannot start remote"
-    for (( i = 0; i < 100; i++ )); do
-        [ -s "$pidfile" ] && return 0
-        sleep 0.1
-    done
-    die "remote server did not start"
-}
-stop_remote ()
-{
-    [ -s "$pidfile" ] || return 0
-    kill "$(cat "$pidfile")" 2>/dev/null || :
-    rm -f "$pidfile"
-}
-cleanup_fn stop_remote
+start_remote () { backend remote memory 32M; }
 
 start_remote
 leg0=$(mkfile leg0.img 32M)

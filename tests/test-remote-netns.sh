@@ -91,17 +91,7 @@ start_mapper ()
         { cat "$2"; die "nbdkit mapper failed to start"; }
     wait_file "$tmpdir/mapper.pid"
 }
-stop_mapper ()
-{
-    local p
-    [ -s "$tmpdir/mapper.pid" ] || return 0
-    p=$(cat "$tmpdir/mapper.pid")
-    rm -f "$tmpdir/mapper.pid"
-    kill "$p" 2>/dev/null || return 0
-    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    # nbdkit 1.32 with the ASan runtime preloaded can hang at exit.
-    kill -9 "$p" 2>/dev/null || :
-}
+stop_mapper () { stop_pidfile "$tmpdir/mapper.pid"; }
 cleanup_fn stop_mapper
 
 # --- 1. cut and restored within remote-timeout ----------------------------

@@ -22,16 +22,8 @@ start_server ()
 }
 stop_server ()
 {
-    if [ -s "$tmpdir/pid" ]; then
-        local p
-        p=$(cat "$tmpdir/pid")
-        kill "$p" 2>/dev/null || :
-        # Wait for it to go (it holds the socket and the table files).
-        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        # nbdkit 1.32 with the ASan runtime preloaded can hang at exit.
-        kill -9 "$p" 2>/dev/null || :
-        rm -f "$tmpdir/pid"
-    fi
+    # It holds the socket and the table files.
+    stop_pidfile "$tmpdir/pid"
     rm -f "$sock"
 }
 
