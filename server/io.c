@@ -221,7 +221,14 @@ clone_blocks (const struct clone *c)
 int
 io_req_run (struct io_req *req)
 {
+  size_t nr_blocking = 0;
   int v;
+
+  /* Every clone is submitted exactly once below (retries add their own
+   * count): count them all with one store rather than one atomic add
+   * each.  Nothing has been issued yet, so nobody else looks at pending.
+   */
+  atomic_store_explicit (&req->pending, req->nr + 1, memory_order_relaxed);
 
   /* Remote clones first: queued to the I/O loop as one batch with one
    * wake-up, they are under way while the local ones complete inline.
@@ -229,39 +236,29 @@ io_req_run (struct io_req *req)
   ioloop_batch_begin ();
   for (size_t i = 0; i < req->nr; i++) {
     struct clone *c = &req->clones[i];
-    if (c->be->ops->start) {
-      atomic_fetch_add (&req->pending, 1);
+    if (c->be->ops->start)
       c->be->ops->submit (c->be, c);
-    }
   }
   ioloop_batch_end ();
   /* Local clones that wait for a device (flush, FUA write): when there
-   * are several, all but one go to the local pool so that they wait side
-   * by side; the rest complete inline here.
+   * are several, all but the last go to the local pool so that they wait
+   * side by side; the rest complete inline here.  Only a flush or a FUA
+   * request can have any (a clone has its request's op and at most its
+   * flags).
    */
-  size_t nr_blocking = 0;
+  if (req->op == IO_FLUSH || (req->flags & MAPPER_FUA))
+    for (size_t i = 0; i < req->nr; i++)
+      nr_blocking += clone_blocks (&req->clones[i]);
   for (size_t i = 0; i < req->nr; i++) {
-    req->clones[i].pooled = false;
-    nr_blocking += clone_blocks (&req->clones[i]);
-  }
-  for (size_t i = 0; nr_blocking > 1 && i < req->nr; i++) {
     struct clone *c = &req->clones[i];
-    if (clone_blocks (c)) {
+    if (c->be->ops->start)
+      continue;
+    if (nr_blocking > 1 && clone_blocks (c)) {
       nr_blocking--;
-      /* Counted first: the pool may complete it at once. */
-      atomic_fetch_add (&req->pending, 1);
       if (localpool_submit (c))
-        c->pooled = true;
-      else
-        atomic_fetch_sub (&req->pending, 1);
+        continue;
     }
-  }
-  for (size_t i = 0; i < req->nr; i++) {
-    struct clone *c = &req->clones[i];
-    if (!c->be->ops->start && !c->pooled) {
-      atomic_fetch_add (&req->pending, 1);
-      c->be->ops->submit (c->be, c);
-    }
+    c->be->ops->submit (c->be, c);
   }
   if (atomic_fetch_sub (&req->pending, 1) != 1)
     while ((v = atomic_load (&req->pending)) != 0) {
