@@ -80,55 +80,42 @@ io_req_new_clone (struct io_req *req)
 }
 
 int
-io_emit (struct io_req *req, struct backend *be, uint64_t offset,
-         uint64_t len, char *buf)
-{
-  struct clone *c;
-  uint32_t flags = req->flags;
-
-  /* Extend the previous clone when this piece continues it on the same
-   * backend (e.g. adjacent linear targets over one file).
-   */
-  if (req->nr > 0) {
-    c = &req->clones[req->nr - 1];
-    if (c->be == be && c->end_io == NULL && c->offset + c->len == offset &&
-        (buf == NULL ? c->buf == NULL : c->buf + c->len == buf)) {
-      c->len += len;
-      return 0;
-    }
-  }
-  if (!be->caps.can_fua)
-    flags &= ~MAPPER_FUA;       /* emulated after completion */
-  c = io_req_new_clone (req);
-  if (c == NULL)
-    return -ENOMEM;
-  *c = (struct clone) {
-    .req = req, .be = be, .offset = offset, .len = len, .buf = buf,
-    .flags = flags, .op = req->op,
-  };
-  return 0;
-}
-
-int
 io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
                 uint64_t len, char *buf,
                 int (*end_io) (struct clone *c, int error),
                 void *ctx, uint64_t arg)
 {
-  struct clone *c;
+  struct clone *c = io_req_new_clone (req);
   uint32_t flags = req->flags;
 
-  if (!be->caps.can_fua)
-    flags &= ~MAPPER_FUA;
-  c = io_req_new_clone (req);
   if (c == NULL)
     return -ENOMEM;
+  if (!be->caps.can_fua)
+    flags &= ~MAPPER_FUA;       /* emulated after completion */
   *c = (struct clone) {
     .req = req, .be = be, .offset = offset, .len = len, .buf = buf,
     .flags = flags, .op = req->op,
     .end_io = end_io, .end_io_ctx = ctx, .end_io_arg = arg,
   };
   return 0;
+}
+
+int
+io_emit (struct io_req *req, struct backend *be, uint64_t offset,
+         uint64_t len, char *buf)
+{
+  /* Extend the previous clone when this piece continues it on the same
+   * backend (e.g. adjacent linear targets over one file).
+   */
+  if (req->nr > 0) {
+    struct clone *c = &req->clones[req->nr - 1];
+    if (c->be == be && c->end_io == NULL && c->offset + c->len == offset &&
+        (buf == NULL ? c->buf == NULL : c->buf + c->len == buf)) {
+      c->len += len;
+      return 0;
+    }
+  }
+  return io_emit_end_io (req, be, offset, len, buf, NULL, NULL, 0);
 }
 
 /* The request failed while being mapped: its clones are never submitted.
