@@ -48,7 +48,6 @@ struct clone {
   uint64_t end_io_arg;
   struct clone *retry_next;     /* io_req.retry list */
   struct clone *qnext;          /* the I/O loop's or local pool's queue */
-  bool pooled;                  /* io_req_run gave it to the local pool */
 };
 
 /* A request in flight: lives on the submitting worker's stack.  Clone

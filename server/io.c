@@ -80,55 +80,42 @@ io_req_new_clone (struct io_req *req)
 }
 
 int
-io_emit (struct io_req *req, struct backend *be, uint64_t offset,
-         uint64_t len, char *buf)
-{
-  struct clone *c;
-  uint32_t flags = req->flags;
-
-  /* Extend the previous clone when this piece continues it on the same
-   * backend (e.g. adjacent linear targets over one file).
-   */
-  if (req->nr > 0) {
-    c = &req->clones[req->nr - 1];
-    if (c->be == be && c->end_io == NULL && c->offset + c->len == offset &&
-        (buf == NULL ? c->buf == NULL : c->buf + c->len == buf)) {
-      c->len += len;
-      return 0;
-    }
-  }
-  if (!be->caps.can_fua)
-    flags &= ~MAPPER_FUA;       /* emulated after completion */
-  c = io_req_new_clone (req);
-  if (c == NULL)
-    return -ENOMEM;
-  *c = (struct clone) {
-    .req = req, .be = be, .offset = offset, .len = len, .buf = buf,
-    .flags = flags, .op = req->op,
-  };
-  return 0;
-}
-
-int
 io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
                 uint64_t len, char *buf,
                 int (*end_io) (struct clone *c, int error),
                 void *ctx, uint64_t arg)
 {
-  struct clone *c;
+  struct clone *c = io_req_new_clone (req);
   uint32_t flags = req->flags;
 
-  if (!be->caps.can_fua)
-    flags &= ~MAPPER_FUA;
-  c = io_req_new_clone (req);
   if (c == NULL)
     return -ENOMEM;
+  if (!be->caps.can_fua)
+    flags &= ~MAPPER_FUA;       /* emulated after completion */
   *c = (struct clone) {
     .req = req, .be = be, .offset = offset, .len = len, .buf = buf,
     .flags = flags, .op = req->op,
     .end_io = end_io, .end_io_ctx = ctx, .end_io_arg = arg,
   };
   return 0;
+}
+
+int
+io_emit (struct io_req *req, struct backend *be, uint64_t offset,
+         uint64_t len, char *buf)
+{
+  /* Extend the previous clone when this piece continues it on the same
+   * backend (e.g. adjacent linear targets over one file).
+   */
+  if (req->nr > 0) {
+    struct clone *c = &req->clones[req->nr - 1];
+    if (c->be == be && c->end_io == NULL && c->offset + c->len == offset &&
+        (buf == NULL ? c->buf == NULL : c->buf + c->len == buf)) {
+      c->len += len;
+      return 0;
+    }
+  }
+  return io_emit_end_io (req, be, offset, len, buf, NULL, NULL, 0);
 }
 
 /* The request failed while being mapped: its clones are never submitted.
@@ -221,7 +208,14 @@ clone_blocks (const struct clone *c)
 int
 io_req_run (struct io_req *req)
 {
+  size_t nr_blocking = 0;
   int v;
+
+  /* Every clone is submitted exactly once below (retries add their own
+   * count): count them all with one store rather than one atomic add
+   * each.  Nothing has been issued yet, so nobody else looks at pending.
+   */
+  atomic_store_explicit (&req->pending, req->nr + 1, memory_order_relaxed);
 
   /* Remote clones first: queued to the I/O loop as one batch with one
    * wake-up, they are under way while the local ones complete inline.
@@ -229,39 +223,29 @@ io_req_run (struct io_req *req)
   ioloop_batch_begin ();
   for (size_t i = 0; i < req->nr; i++) {
     struct clone *c = &req->clones[i];
-    if (c->be->ops->start) {
-      atomic_fetch_add (&req->pending, 1);
+    if (c->be->ops->start)
       c->be->ops->submit (c->be, c);
-    }
   }
   ioloop_batch_end ();
   /* Local clones that wait for a device (flush, FUA write): when there
-   * are several, all but one go to the local pool so that they wait side
-   * by side; the rest complete inline here.
+   * are several, all but the last go to the local pool so that they wait
+   * side by side; the rest complete inline here.  Only a flush or a FUA
+   * request can have any (a clone has its request's op and at most its
+   * flags).
    */
-  size_t nr_blocking = 0;
+  if (req->op == IO_FLUSH || (req->flags & MAPPER_FUA))
+    for (size_t i = 0; i < req->nr; i++)
+      nr_blocking += clone_blocks (&req->clones[i]);
   for (size_t i = 0; i < req->nr; i++) {
-    req->clones[i].pooled = false;
-    nr_blocking += clone_blocks (&req->clones[i]);
-  }
-  for (size_t i = 0; nr_blocking > 1 && i < req->nr; i++) {
     struct clone *c = &req->clones[i];
-    if (clone_blocks (c)) {
+    if (c->be->ops->start)
+      continue;
+    if (nr_blocking > 1 && clone_blocks (c)) {
       nr_blocking--;
-      /* Counted first: the pool may complete it at once. */
-      atomic_fetch_add (&req->pending, 1);
       if (localpool_submit (c))
-        c->pooled = true;
-      else
-        atomic_fetch_sub (&req->pending, 1);
+        continue;
     }
-  }
-  for (size_t i = 0; i < req->nr; i++) {
-    struct clone *c = &req->clones[i];
-    if (!c->be->ops->start && !c->pooled) {
-      atomic_fetch_add (&req->pending, 1);
-      c->be->ops->submit (c->be, c);
-    }
+    c->be->ops->submit (c->be, c);
   }
   if (atomic_fetch_sub (&req->pending, 1) != 1)
     while ((v = atomic_load (&req->pending)) != 0) {
