@@ -32,4 +32,5 @@ SHELL_TESTS = \
 	test-remote-flush.sh \
 	test-remote-netns.sh \
 	test-remote-multiconn.sh \
+	test-remote-replies.sh \
 	test-list-exports-limit.sh

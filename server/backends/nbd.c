@@ -361,6 +361,7 @@ part_max (struct nbd_backend *nb, const struct clone *c)
 
 static void conn_drop (struct nbd_conn *conn, const char *why);
 static void conn_update_io (struct nbd_conn *conn);
+static bool any_up (struct nbd_backend *nb);
 
 static bool
 conn_dead (struct nbd_conn *conn)
@@ -427,18 +428,22 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
     conn_update_io (conn);
 }
 
-/* The first up connection with fewer than SPILL commands issued, else
- * the least busy one, else NULL.  Filling one connection before the next
- * keeps the batches per socket (and per server wake-up) large; the
- * others take the overflow of deep queues.
+/* Where cmd goes, or NULL.  An extents query: connection 0, the one
+ * that asks for structured replies (see new_handle).  Reads and writes:
+ * the first up connection with fewer than SPILL commands issued, else
+ * the least busy one, taking connection 0 last.  Filling one connection
+ * before the next keeps the batches per socket (and per server wake-up)
+ * large; the others take the overflow of deep queues.
  */
 static struct nbd_conn *
-pick_conn (struct nbd_backend *nb)
+pick_conn (struct nbd_backend *nb, const struct nbd_cmd *cmd)
 {
   struct nbd_conn *best = NULL;
 
-  for (unsigned i = 0; i < nb->nr_conns; i++) {
-    struct nbd_conn *conn = &nb->conns[i];
+  if (cmd->x)
+    return nb->conns[0].state == CONN_UP ? &nb->conns[0] : NULL;
+  for (unsigned k = 1; k <= nb->nr_conns; k++) {
+    struct nbd_conn *conn = &nb->conns[k % nb->nr_conns];
     if (conn->state != CONN_UP)
       continue;
     if (conn->inflight.len < SPILL)
@@ -459,7 +464,16 @@ pump (struct nbd_backend *nb)
   struct nbd_conn *conn;
 
   while ((cmd = nb->waiting.head) != NULL) {
-    conn = pick_conn (nb);
+    conn = pick_conn (nb, cmd);
+    if (conn == NULL && cmd->x && any_up (nb)) {
+      /* Connection 0 is down, the others can't do block status: the
+       * answer is "all data", which is never wrong.
+       */
+      list_remove (&nb->waiting, cmd);
+      cmd->x->nr = 0;
+      cmd_complete (cmd, 0);
+      continue;
+    }
     if (conn == NULL) {
       if (nb->down_since &&
           ev_now (ioloop_ev ()) - nb->down_since >= nb->timeout) {
@@ -477,6 +491,12 @@ pump (struct nbd_backend *nb)
 
 /* --- connections ----------------------------------------------------- */
 
+/* A handle for connection index.  Only connection 0 (the one probed at
+ * open) asks for structured replies, which block status needs.  The
+ * others don't: libnbd 1.14 reads a structured data chunk in four recv
+ * calls and a simple read reply in two, in the loop thread, for every
+ * read.  Reads and writes go to them first (pick_conn).
+ */
 static struct nbd_handle *
 new_handle (struct nbd_backend *nb, unsigned index)
 {
@@ -489,7 +509,9 @@ new_handle (struct nbd_backend *nb, unsigned index)
   if (nbd_set_handle_name (h, name) == -1 ||
       nbd_set_uri_allow_local_file (h, true) == -1 ||
       nbd_set_pread_initialize (h, false) == -1 ||
-      nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1) {
+      (index == 0
+       ? nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION)
+       : nbd_set_request_structured_replies (h, false)) == -1) {
     nbd_close (h);
     return NULL;
   }
@@ -659,7 +681,8 @@ conn_drop (struct nbd_conn *conn, const char *why)
  * need not cover writes made on another, so carry on with keep alone.
  * The others are closed for good: their commands are retried on keep,
  * and the writes acknowledged on them count as lost (conn_drop), so the
- * next flush fails once.
+ * next flush fails once.  When keep is not connection 0, extents report
+ * data from then on (pump).
  */
 static void
 keep_only (struct nbd_conn *keep)
@@ -690,6 +713,8 @@ conn_up (struct nbd_conn *conn)
   const char *why;
 
   read_export (conn->h, &now);
+  if (conn->index > 0)
+    now.extents = nb->ex.extents;       /* connection 0's to give */
   if ((why = export_changed (nb, &now)) != NULL) {
     LOG ("%s: connection %u: reconnected, but %s: not using it",
          nb->uri, conn->index, why);
