@@ -2,6 +2,8 @@
 #include <config.h>
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -49,6 +51,26 @@ engine_stop (void)
   mirror_resync_stop ();
   ioloop_stop ();
   localpool_stop ();
+}
+
+/* A thread of ours: it blocks every signal (they belong to nbdkit's
+ * threads) and carries a name for ps/top/gdb.  0 or an errno.
+ */
+int
+mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
+                      const char *name)
+{
+  sigset_t all, old;
+  int r;
+
+  /* The new thread inherits the mask in force when it is created. */
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  r = pthread_create (thread, NULL, fn, NULL);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (r == 0)
+    pthread_setname_np (*thread, name);
+  return r;
 }
 
 uint64_t

@@ -82,6 +82,9 @@ void mirror_resync_stop (void);
 
 /* engine.c */
 uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
+/* A thread that blocks all signals, named NAME; 0 or an errno. */
+int mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
+                          const char *name);
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
 
@@ -101,6 +104,11 @@ void ioloop_submit (struct backend *be, struct clone *c);
 void ioloop_batch_begin (void);
 void ioloop_batch_end (void);
 void ioloop_queue_job (struct ioloop_job *job);
+/* Queue job for the loop of generation gen if that loop still runs (it
+ * never starts one); false if not, and the caller keeps the job.  For
+ * threads that may outlive a loop.
+ */
+bool ioloop_post (struct ioloop_job *job, unsigned gen);
 /* Run fn(arg) in the loop thread and wait; inline if no loop runs. */
 void ioloop_call (void (*fn) (void *arg), void *arg);
 /* For backends, in the loop thread. */

@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -154,7 +153,6 @@ int
 ioloop_start (struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&state_lock);
-  sigset_t all, old;
   int r;
 
   if (atomic_load (&running))
@@ -169,20 +167,13 @@ ioloop_start (struct mapper_err *err)
   ev_async_start (loop, &wake);
   atomic_fetch_add (&generation, 1);
 
-  /* Signals belong to nbdkit's threads: the loop thread blocks them all
-   * (it inherits the mask at creation).
-   */
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  r = pthread_create (&thread, NULL, loop_thread, NULL);
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  r = mapper_thread_create (&thread, loop_thread, "mapper-ioloop");
   if (r != 0) {
     mapper_err_set (err, "I/O loop: pthread_create: %s", mapper_strerror (r));
     ev_loop_destroy (loop);
     loop = NULL;
     return -r;
   }
-  pthread_setname_np (thread, "mapper-ioloop");
   atomic_store (&running, true);
   if (mapper_debug)
     mapper_debug ("I/O loop started");
@@ -271,15 +262,36 @@ ioloop_batch_end (void)
     kick ();
 }
 
-void
-ioloop_queue_job (struct ioloop_job *job)
+static void
+append_job (struct ioloop_job *job)
 {
   job->next = NULL;
   pthread_mutex_lock (&jobs_lock);
   *jobs_tail = job;
   jobs_tail = &job->next;
   pthread_mutex_unlock (&jobs_lock);
+}
+
+void
+ioloop_queue_job (struct ioloop_job *job)
+{
+  append_job (job);
   kick ();
+}
+
+bool
+ioloop_post (struct ioloop_job *job, unsigned gen)
+{
+  /* Under state_lock the loop can neither stop (its queue failed by
+   * ioloop_stop, which also holds it) nor start anew.
+   */
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&state_lock);
+
+  if (!atomic_load (&running) || atomic_load (&generation) != gen)
+    return false;
+  append_job (job);
+  ev_async_send (loop, &wake);
+  return true;
 }
 
 /* ioloop_call: fn(arg) in the loop thread, waiting for it. */

@@ -15,7 +15,6 @@
  */
 #include <config.h>
 
-#include <signal.h>
 #include <stdbool.h>
 
 #include "internal.h"
@@ -67,18 +66,9 @@ localpool_submit (struct clone *c)
   if (in_pool || stopping)
     return false;
   if (nr_idle == 0 && nr_threads < LOCALPOOL_THREADS) {
-    sigset_t all, old;
-    int r;
-
-    /* Signals belong to nbdkit's threads. */
-    sigfillset (&all);
-    pthread_sigmask (SIG_SETMASK, &all, &old);
-    r = pthread_create (&threads[nr_threads], NULL, pool_thread, NULL);
-    pthread_sigmask (SIG_SETMASK, &old, NULL);
-    if (r == 0) {
-      pthread_setname_np (threads[nr_threads], "mapper-local");
+    if (mapper_thread_create (&threads[nr_threads], pool_thread,
+                              "mapper-local") == 0)
       nr_threads++;
-    }
     else if (nr_threads == 0)
       return false;             /* the caller runs it inline */
   }

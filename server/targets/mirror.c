@@ -147,7 +147,7 @@ kick_worker_locked (void)
     pthread_join (worker_thread, NULL);
     worker_running = false;
   }
-  e = pthread_create (&worker_thread, NULL, resync_worker, NULL);
+  e = mapper_thread_create (&worker_thread, resync_worker, "mapper-resync");
   if (e != 0)
     return -e;
   worker_running = true;
