@@ -43,3 +43,23 @@ free_port ()
     python3 -c 'import socket
 s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
+
+# netns_skip WHAT CMD...: skip (77) with the reason if CMD fails.
+netns_skip ()
+{
+    local what=$1; shift
+    if ! "$@" > "$tmpdir/netns.err" 2>&1; then
+        echo "$0: skipped: cannot $what: $(head -1 "$tmpdir/netns.err")"
+        exit 77
+    fi
+}
+
+# netns_new NAME: a network namespace with its loopback up, deleted at
+# exit; skips (77) where namespaces cannot be made or entered.
+netns_new ()
+{
+    netns_skip "create a network namespace" ip netns add "$1"
+    cleanup_fn "ip netns delete '$1'"
+    netns_skip "run a command in a network namespace" ip netns exec "$1" true
+    ip -n "$1" link set lo up
+}

@@ -41,25 +41,12 @@ requires timeout --version
 nsa=nbdm-a-$$ nsb=nbdm-b-$$
 addr_a=10.77.0.1 addr_b=10.77.0.2 port=10809   # private to the namespaces
 
-# netns_skip WHAT CMD...: skip (77) with the reason if CMD fails.
-netns_skip ()
-{
-    local what=$1; shift
-    if ! "$@" > "$tmpdir/netns.err" 2>&1; then
-        echo "$0: skipped: cannot $what: $(head -1 "$tmpdir/netns.err")"
-        exit 77
-    fi
-}
-netns_skip "create a network namespace" ip netns add "$nsa"
-cleanup_fn "ip netns delete '$nsa'"
-netns_skip "create a network namespace" ip netns add "$nsb"
-cleanup_fn "ip netns delete '$nsb'"
-netns_skip "run a command in a network namespace" ip netns exec "$nsa" true
+netns_new "$nsa"
+netns_new "$nsb"
 netns_skip "create a veth pair" \
     ip -n "$nsa" link add va type veth peer name vb netns "$nsb"
 ip -n "$nsa" addr add "$addr_a/30" dev va
 ip -n "$nsb" addr add "$addr_b/30" dev vb
-for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up; done
 ip -n "$nsa" link set va up
 ip -n "$nsb" link set vb up
 
