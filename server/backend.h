@@ -115,5 +115,7 @@ int nbd_backend_normalize (const char *spec, char **uri,
                            struct mapper_err *err);
 int nbd_backend_open (const char *uri, struct backend **out,
                       struct mapper_err *err);
+/* Stop the host name resolver (engine_stop, after the I/O loop). */
+void nbd_resolver_stop (void);
 
 #endif /* NBDMAPPER_BACKEND_H */

@@ -50,6 +50,7 @@ engine_stop (void)
 {
   mirror_resync_stop ();
   ioloop_stop ();
+  nbd_resolver_stop ();
   localpool_stop ();
 }
 

@@ -33,4 +33,5 @@ SHELL_TESTS = \
 	test-remote-netns.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \
+	test-remote-lookup.sh \
 	test-list-exports-limit.sh

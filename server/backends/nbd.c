@@ -17,6 +17,13 @@
  * (libnbd must let go of the client's buffer), the command fails with
  * EIO, the others are retried.  Every lost connection may have lost
  * acknowledged writes: backend_writes_lost() makes the next flush fail.
+ *
+ * Host names: libnbd looks the host of an nbd:// or nbds:// URI up with
+ * a blocking getaddrinfo inside nbd_aio_connect_uri.  For a URI whose
+ * host is a name, that call runs in the resolver thread, which hands the
+ * handle (its TCP connect under way, non-blocking) to the loop: a slow
+ * or dead DNS server delays that backend's reconnections, never the
+ * loop and every other backend with it.
  */
 #include <config.h>
 
@@ -31,6 +38,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <ev.h>
@@ -90,6 +98,7 @@ struct nbd_conn {
   double backoff;
   bool lost;                    /* a command saw the connection go */
   bool retired;                 /* multi-conn lost (keep_only): never reopened */
+  struct lookup *lookup;        /* the resolver is making h, or NULL */
   struct cmd_list inflight;
 };
 
@@ -109,6 +118,7 @@ struct nbd_backend {
   char *uri;                    /* normalised; also be.name and be.key */
   unsigned nr_conns;
   double timeout;               /* seconds */
+  bool lookup;                  /* the URI's host is a name: see lookup_start */
   struct nbd_export ex;
   uint64_t max_payload;         /* per libnbd read/write command */
 
@@ -362,6 +372,8 @@ part_max (struct nbd_backend *nb, const struct clone *c)
 static void conn_drop (struct nbd_conn *conn, const char *why);
 static void conn_update_io (struct nbd_conn *conn);
 static bool any_up (struct nbd_backend *nb);
+static void conn_retry_later (struct nbd_conn *conn);
+static void conn_check (struct nbd_conn *conn);
 
 static bool
 conn_dead (struct nbd_conn *conn)
@@ -581,6 +593,186 @@ conn_update_io (struct nbd_conn *conn)
   ev_io_start (l, &conn->io);
 }
 
+/* --- host name lookups, off the loop -------------------------------- */
+
+/* A connection's handle being made by the resolver thread. */
+struct lookup {
+  struct ioloop_job job;        /* first: lookup_done, in the loop */
+  struct lookup *next;          /* the resolver's queue */
+  unsigned gen;                 /* the loop waiting for it */
+  unsigned index;
+  char *uri;                    /* its own copy: the backend may go first */
+  /* Resolver thread, then (after ioloop_post) the loop's. */
+  struct nbd_handle *h;         /* connecting, or NULL */
+  char *error;                  /* why not */
+  /* Loop thread only. */
+  struct nbd_conn *conn;        /* NULL once the backend is closed */
+  bool wanted;                  /* false once the attempt is over */
+};
+
+static pthread_mutex_t resolver_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t resolver_cond = PTHREAD_COND_INITIALIZER;
+static struct lookup *lookups, **lookups_tail = &lookups;
+static pthread_t resolver;
+static bool resolver_running, resolver_stopping;
+
+/* Is the host of this (normalised) URI a name rather than an address? */
+static bool
+uri_host_is_name (const char *uri)
+{
+  const char *auth = strstr (uri, "://"), *end, *host;
+  char name[256];
+  struct in_addr a;
+  size_t n;
+
+  if (auth == NULL || memmem (uri, auth - uri, "+unix", 5))
+    return false;
+  auth += 3;
+  end = auth + strcspn (auth, "/?");
+  host = memchr (auth, '@', end - auth);
+  host = host ? host + 1 : auth;
+  if (*host == '[')
+    return false;                       /* an IPv6 address */
+  n = strcspn (host, ":/?");
+  if (n >= sizeof name)
+    return true;
+  memcpy (name, host, n);
+  name[n] = '\0';
+  return inet_pton (AF_INET, name, &a) != 1;
+}
+
+static void
+lookup_free (struct lookup *lk)
+{
+  if (lk->h)
+    nbd_close (lk->h);
+  free (lk->uri);
+  free (lk->error);
+  free (lk);
+}
+
+static void *
+resolver_thread (void *arg)
+{
+  struct lookup *lk;
+
+  pthread_mutex_lock (&resolver_lock);
+  for (;;) {
+    while (lookups == NULL && !resolver_stopping)
+      pthread_cond_wait (&resolver_cond, &resolver_lock);
+    if ((lk = lookups) == NULL)
+      break;                            /* stopping, nothing left */
+    lookups = lk->next;
+    if (lookups == NULL)
+      lookups_tail = &lookups;
+    if (resolver_stopping) {            /* its loop has stopped already */
+      lookup_free (lk);
+      continue;
+    }
+    pthread_mutex_unlock (&resolver_lock);
+    lk->h = new_handle (NULL, lk->index);
+    if (lk->h == NULL || nbd_aio_connect_uri (lk->h, lk->uri) == -1) {
+      const char *e = nbd_get_error ();
+      lk->error = strdup (e ? e : "unknown error");
+      if (lk->h) {
+        nbd_close (lk->h);
+        lk->h = NULL;
+      }
+    }
+    if (!ioloop_post (&lk->job, lk->gen))
+      lookup_free (lk);                 /* that loop is gone */
+    pthread_mutex_lock (&resolver_lock);
+  }
+  pthread_mutex_unlock (&resolver_lock);
+  return NULL;
+}
+
+/* engine_stop, after ioloop_stop: waits for a lookup under way. */
+void
+nbd_resolver_stop (void)
+{
+  pthread_mutex_lock (&resolver_lock);
+  if (!resolver_running) {
+    pthread_mutex_unlock (&resolver_lock);
+    return;
+  }
+  resolver_stopping = true;
+  pthread_cond_broadcast (&resolver_cond);
+  pthread_mutex_unlock (&resolver_lock);
+  pthread_join (resolver, NULL);
+  pthread_mutex_lock (&resolver_lock);
+  resolver_running = resolver_stopping = false;
+  pthread_mutex_unlock (&resolver_lock);
+}
+
+static void
+lookup_done (struct ioloop_job *job, int error)
+{
+  struct lookup *lk = (struct lookup *) job;
+  struct nbd_conn *conn = lk->conn;
+
+  /* The loop stopped before running this (conn is stale then), or the
+   * backend was closed: nobody wants the handle.
+   */
+  if (error || conn == NULL) {
+    lookup_free (lk);
+    return;
+  }
+  conn->lookup = NULL;
+  if (!lk->wanted)                      /* timed out, retired, ... */
+    ;
+  else if (lk->h == NULL) {
+    LOG ("%s: connection %u: connect: %s", conn->nb->uri, conn->index,
+         lk->error);
+    conn_retry_later (conn);
+  }
+  else {
+    conn->h = lk->h;
+    lk->h = NULL;
+    conn_check (conn);
+    pump (conn->nb);
+  }
+  lookup_free (lk);
+}
+
+/* Have the resolver make conn's handle; 0, or -1 (try again later). */
+static int
+lookup_start (struct nbd_conn *conn)
+{
+  struct lookup *lk = calloc (1, sizeof *lk);
+  int r = 0;
+
+  if (lk == NULL || (lk->uri = strdup (conn->nb->uri)) == NULL) {
+    free (lk);
+    return -1;
+  }
+  lk->job.fn = lookup_done;
+  lk->gen = conn->nb->attached_gen;
+  lk->index = conn->index;
+  lk->conn = conn;
+  lk->wanted = true;
+
+  pthread_mutex_lock (&resolver_lock);
+  if (!resolver_running) {
+    r = mapper_thread_create (&resolver, resolver_thread, "mapper-resolve");
+    resolver_running = r == 0;
+  }
+  if (r == 0) {
+    lk->next = NULL;
+    *lookups_tail = lk;
+    lookups_tail = &lk->next;
+    pthread_cond_signal (&resolver_cond);
+  }
+  pthread_mutex_unlock (&resolver_lock);
+  if (r != 0) {
+    LOG ("%s: resolver thread: %s", conn->nb->uri, mapper_strerror (r));
+    lookup_free (lk);
+    return -1;
+  }
+  conn->lookup = lk;
+  return 0;
+}
+
 static void
 close_handle (struct nbd_conn *conn, bool graceful)
 {
@@ -606,6 +798,8 @@ conn_retry_later (struct nbd_conn *conn)
   struct ev_loop *l = ioloop_ev ();
 
   conn->state = CONN_DOWN;
+  if (conn->lookup)
+    conn->lookup->wanted = false;       /* this attempt is over */
   ev_timer_stop (l, &conn->timer);
   if (conn->retired)
     return;
@@ -765,29 +959,35 @@ conn_connect (struct nbd_conn *conn)
   struct nbd_backend *nb = conn->nb;
   struct ev_loop *l = ioloop_ev ();
 
-  /* Known limitation: for nbd:// and nbds:// with a host name, libnbd
-   * resolves it here with a blocking getaddrinfo, in the loop thread:
-   * a slow or unreachable resolver stalls every backend's I/O (and
-   * the deadlines) meanwhile.  Numeric addresses and Unix sockets don't.
-   */
-  conn->h = new_handle (nb, conn->index);
-  if (conn->h == NULL || nbd_aio_connect_uri (conn->h, nb->uri) == -1) {
-    LOG ("%s: connection %u: connect: %s", nb->uri, conn->index,
-         nbd_get_error ());
-    if (conn->h) {
-      nbd_close (conn->h);
-      conn->h = NULL;
+  if (nb->lookup) {
+    /* A lookup that timed out may still be running: one at a time. */
+    if (conn->lookup || lookup_start (conn) == -1) {
+      conn_retry_later (conn);
+      return;
     }
-    conn_retry_later (conn);
-    return;
+  }
+  else {
+    conn->h = new_handle (nb, conn->index);
+    if (conn->h == NULL || nbd_aio_connect_uri (conn->h, nb->uri) == -1) {
+      LOG ("%s: connection %u: connect: %s", nb->uri, conn->index,
+           nbd_get_error ());
+      if (conn->h) {
+        nbd_close (conn->h);
+        conn->h = NULL;
+      }
+      conn_retry_later (conn);
+      return;
+    }
   }
   conn->state = CONN_CONNECTING;
-  LOG ("%s: connection %u -> connecting", nb->uri, conn->index);
-  /* The handshake has the same deadline as a request. */
+  LOG ("%s: connection %u -> connecting%s", nb->uri, conn->index,
+       conn->h ? "" : " (looking the host up)");
+  /* The handshake (and the lookup) has the same deadline as a request. */
   ev_timer_stop (l, &conn->timer);
   ev_timer_set (&conn->timer, nb->timeout, 0);
   ev_timer_start (l, &conn->timer);
-  conn_check (conn);
+  if (conn->h)
+    conn_check (conn);
 }
 
 static void
@@ -855,6 +1055,8 @@ attach (struct nbd_backend *nb)
     conn->io.data = conn;
     ev_timer_init (&conn->timer, on_conn_timer, 0, 0);
     conn->timer.data = conn;
+    /* A lookup from an earlier loop is its resolver's to free. */
+    conn->lookup = NULL;
     if (i == 0 && nb->probe) {
       conn->h = nb->probe;
       nb->probe = NULL;
@@ -1069,6 +1271,8 @@ detach_run (void *arg)
     if (attached) {
       ev_io_stop (ioloop_ev (), &conn->io);
       ev_timer_stop (ioloop_ev (), &conn->timer);
+      if (conn->lookup)
+        conn->lookup->conn = NULL;      /* conn is about to be freed */
     }
     close_handle (conn, true);
   }
@@ -1178,6 +1382,7 @@ nbd_backend_open (const char *uri, struct backend **out,
   nb->ex = ex;
   nb->probe = h;
   nb->timeout = opt_timeout;
+  nb->lookup = uri_host_is_name (uri);
   nb->nr_conns = ex.multi_conn ? opt_connections : 1;
   nb->max_payload = MIN ((uint64_t) MAX_PAYLOAD, ex.block_max);
   if (nb->max_payload < ex.block_min)
