@@ -6,22 +6,69 @@
  */
 #include <config.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "unit.h"
 
-static pid_t server;
+static pid_t servers[2];
 
 static void
-stop_server (void)
+stop_servers (void)
 {
-  if (server > 0) {
-    kill (server, SIGTERM);
-    waitpid (server, NULL, 0);
-    server = 0;
+  for (size_t i = 0; i < 2; i++)
+    if (servers[i] > 0) {
+      kill (servers[i], SIGTERM);
+      waitpid (servers[i], NULL, 0);
+      servers[i] = 0;
+    }
+}
+
+/* Run "nbdkit -P PIDFILE ARGS" (it daemonises); its pid. */
+static pid_t
+start_server (const char *pidf, const char *args)
+{
+  char *cmd = unit_sprintf ("nbdkit -P %s %s", pidf, args);
+  pid_t pid = 0;
+
+  if (system (cmd) != 0)
+    UNIT_FATAL ("%s failed", cmd);
+  free (cmd);
+  /* The daemon writes its pid file after system() has returned. */
+  for (int i = 0; i < 100 && pid <= 0; i++) {
+    size_t n;
+    char *p = unit_read_file (pidf, &n);
+    if (p && n > 0 && p[n - 1] == '\n')
+      pid = atoi (p);
+    free (p);
+    if (pid <= 0)
+      usleep (100000);
   }
+  if (pid <= 0)
+    UNIT_FATAL ("%s: no pid", pidf);
+  return pid;
+}
+
+/* A TCP port on 127.0.0.1 that nothing listens on right now. */
+static int
+free_port (void)
+{
+  struct sockaddr_in a = {
+    .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK),
+  };
+  socklen_t len = sizeof a;
+  int s = socket (AF_INET, SOCK_STREAM, 0);
+
+  if (s == -1 || bind (s, (struct sockaddr *) &a, sizeof a) == -1 ||
+      getsockname (s, (struct sockaddr *) &a, &len) == -1)
+    UNIT_FATAL ("free_port: %m");
+  close (s);
+  return ntohs (a.sin_port);
 }
 
 static void
@@ -77,14 +124,18 @@ test_normalize (void)
   check_bad ("nbd+unix:///?socket=", "bad or empty value");
 }
 
+/* I/O through a device over uri, the loop stopped after each round.
+ * With a host name in uri, the connections after the probe are made by
+ * the resolver thread, and engine_stop may find lookups under way.
+ */
 static void
-test_io (const char *sock)
+test_io (const char *uri)
 {
   struct mapper_err err = { "" };
   struct table *t;
   struct device *dev;
-  char *text = unit_sprintf ("0 2048 linear nbd+unix:///?socket=%s 0\n"
-                             "2048 2048 zero\n", sock);
+  char *text = unit_sprintf ("0 2048 linear %s 0\n"
+                             "2048 2048 zero\n", uri);
   static char buf[65536], back[65536];
   int r;
 
@@ -100,7 +151,7 @@ test_io (const char *sock)
   if (device_resume (dev, &err) != 0)
     UNIT_FATAL ("device_resume: %s", err.msg);
 
-  for (int round = 0; round < 2; round++) {
+  for (int round = 0; round < 3; round++) {
     unit_fill (buf, sizeof buf, round + 1, 0);
     /* Across the remote | zero edge: the zero target is read-only data. */
     CHECK_EQ (device_pwrite (dev, buf, sizeof buf, 1048576 - 65536, 0), 0);
@@ -125,8 +176,8 @@ int
 main (void)
 {
   const char *sock = unit_path ("m.sock");
-  const char *pidf = unit_path ("m.pid");
-  char *cmd;
+  char *args, *uri;
+  int port;
 
   test_normalize ();
 
@@ -134,24 +185,22 @@ main (void)
     printf ("%s: skipped: no nbdkit\n", __FILE__);
     return unit_failures ? 1 : 77;
   }
-  cmd = unit_sprintf ("nbdkit -U %s -P %s memory 1M", sock, pidf);
-  if (system (cmd) != 0)
-    UNIT_FATAL ("%s failed", cmd);
-  free (cmd);
-  /* The daemon writes its pid file after system() has returned. */
-  for (int i = 0; i < 100 && server <= 0; i++) {
-    size_t n;
-    char *p = unit_read_file (pidf, &n);
-    if (p && n > 0 && p[n - 1] == '\n')
-      server = atoi (p);
-    free (p);
-    if (server <= 0)
-      usleep (100000);
-  }
-  if (server <= 0)
-    UNIT_FATAL ("%s: no pid", pidf);
-  atexit (stop_server);
-  test_io (sock);
-  stop_server ();
+  atexit (stop_servers);
+  args = unit_sprintf ("-U %s memory 1M", sock);
+  servers[0] = start_server (unit_path ("m.pid"), args);
+  free (args);
+  uri = unit_sprintf ("nbd+unix:///?socket=%s", sock);
+  test_io (uri);
+  free (uri);
+
+  /* "localhost": a name, looked up by the resolver thread. */
+  port = free_port ();
+  args = unit_sprintf ("-i 127.0.0.1 -p %d memory 1M", port);
+  servers[1] = start_server (unit_path ("t.pid"), args);
+  free (args);
+  uri = unit_sprintf ("nbd://localhost:%d/", port);
+  test_io (uri);
+  free (uri);
+  stop_servers ();
   UNIT_EXIT ();
 }
