@@ -172,11 +172,23 @@ test_io (const char *uri)
   device_destroy (dev);
 }
 
+/* Server i is "nbdkit ARGS"; then test_io over uri.  Frees both. */
+static void
+serve_and_test (size_t i, char *args, char *uri)
+{
+  char *pidf = unit_sprintf ("s%zu.pid", i);
+
+  servers[i] = start_server (unit_path (pidf), args);
+  test_io (uri);
+  free (pidf);
+  free (args);
+  free (uri);
+}
+
 int
 main (void)
 {
   const char *sock = unit_path ("m.sock");
-  char *args, *uri;
   int port;
 
   test_normalize ();
@@ -186,21 +198,12 @@ main (void)
     return unit_failures ? 1 : 77;
   }
   atexit (stop_servers);
-  args = unit_sprintf ("-U %s memory 1M", sock);
-  servers[0] = start_server (unit_path ("m.pid"), args);
-  free (args);
-  uri = unit_sprintf ("nbd+unix:///?socket=%s", sock);
-  test_io (uri);
-  free (uri);
-
+  serve_and_test (0, unit_sprintf ("-U %s memory 1M", sock),
+                  unit_sprintf ("nbd+unix:///?socket=%s", sock));
   /* "localhost": a name, looked up by the resolver thread. */
   port = free_port ();
-  args = unit_sprintf ("-i 127.0.0.1 -p %d memory 1M", port);
-  servers[1] = start_server (unit_path ("t.pid"), args);
-  free (args);
-  uri = unit_sprintf ("nbd://localhost:%d/", port);
-  test_io (uri);
-  free (uri);
+  serve_and_test (1, unit_sprintf ("-i 127.0.0.1 -p %d memory 1M", port),
+                  unit_sprintf ("nbd://localhost:%d/", port));
   stop_servers ();
   UNIT_EXIT ();
 }
