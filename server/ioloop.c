@@ -48,7 +48,6 @@ static pthread_mutex_t jobs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ioloop_job *jobs_head, **jobs_tail = &jobs_head;
 
 static __thread bool batching;  /* between ioloop_batch_begin and _end */
-static __thread bool queued;    /* queued something not yet kicked */
 static __thread bool in_loop;   /* this is the loop thread */
 /* While batching: this thread's clones, newest first, pushed as one
  * chain by ioloop_batch_end.
@@ -205,7 +204,6 @@ kick (void)
 {
   struct mapper_err err;
 
-  queued = false;
   if (!atomic_load (&running) && ioloop_start (&err) < 0) {
     if (mapper_debug)
       mapper_debug ("%s", err.msg);
@@ -232,7 +230,6 @@ push_clones (struct clone *newest, struct clone *oldest)
 void
 ioloop_submit (struct backend *be, struct clone *c)
 {
-  queued = true;
   if (!batching) {
     push_clones (c, c);
     kick ();
@@ -257,9 +254,8 @@ ioloop_batch_end (void)
   if (batch_newest) {
     push_clones (batch_newest, batch_oldest);
     batch_newest = batch_oldest = NULL;
-  }
-  if (queued)
     kick ();
+  }
 }
 
 static void
