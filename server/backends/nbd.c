@@ -441,7 +441,7 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
 }
 
 /* Where cmd goes, or NULL.  An extents query: connection 0, the one
- * that asks for structured replies (see new_handle).  Reads and writes:
+ * that asks for structured replies (see connect_handle).  Reads and writes:
  * the first up connection with fewer than SPILL commands issued, else
  * the least busy one, taking connection 0 last.  Filling one connection
  * before the next keeps the batches per socket (and per server wake-up)
@@ -503,28 +503,34 @@ pump (struct nbd_backend *nb)
 
 /* --- connections ----------------------------------------------------- */
 
-/* A handle for connection index.  Only connection 0 (the one probed at
- * open) asks for structured replies, which block status needs.  The
- * others don't: libnbd 1.14 reads a structured data chunk in four recv
- * calls and a simple read reply in two, in the loop thread, for every
- * read.  Reads and writes go to them first (pick_conn).
+/* A handle for connection index, connecting to uri (the TCP or Unix
+ * connect under way, non-blocking; a host name is looked up first, with
+ * a blocking getaddrinfo).  NULL with the reason in why[len].
+ *
+ * Only connection 0 (the one probed at open) asks for structured
+ * replies, which block status needs.  The others don't: libnbd 1.14
+ * reads a structured data chunk in four recv calls and a simple read
+ * reply in two, in the loop thread, for every read.  Reads and writes
+ * go to them first (pick_conn).
  */
 static struct nbd_handle *
-new_handle (struct nbd_backend *nb, unsigned index)
+connect_handle (const char *uri, unsigned index, char *why, size_t len)
 {
   struct nbd_handle *h = nbd_create ();
   char name[32];
 
-  if (h == NULL)
-    return NULL;
   snprintf (name, sizeof name, "mapper-nbd-c%u", index);
-  if (nbd_set_handle_name (h, name) == -1 ||
+  if (h == NULL ||
+      nbd_set_handle_name (h, name) == -1 ||
       nbd_set_uri_allow_local_file (h, true) == -1 ||
       nbd_set_pread_initialize (h, false) == -1 ||
       (index == 0
        ? nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION)
-       : nbd_set_request_structured_replies (h, false)) == -1) {
-    nbd_close (h);
+       : nbd_set_request_structured_replies (h, false)) == -1 ||
+      nbd_aio_connect_uri (h, uri) == -1) {
+    const char *e = nbd_get_error ();
+    snprintf (why, len, "%s", e ? e : "unknown error");
+    nbd_close (h);                      /* NULL is fine */
     return NULL;
   }
   return h;
@@ -602,9 +608,7 @@ struct lookup {
   unsigned gen;                 /* the loop waiting for it */
   unsigned index;
   char *uri;                    /* its own copy: the backend may go first */
-  /* Resolver thread, then (after ioloop_post) the loop's. */
-  struct nbd_handle *h;         /* connecting, or NULL */
-  char *error;                  /* why not */
+  struct nbd_handle *h;         /* the resolver's, then the loop's: or NULL */
   /* Loop thread only. */
   struct nbd_conn *conn;        /* NULL once the backend is closed */
   bool wanted;                  /* false once the attempt is over */
@@ -647,7 +651,6 @@ lookup_free (struct lookup *lk)
   if (lk->h)
     nbd_close (lk->h);
   free (lk->uri);
-  free (lk->error);
   free (lk);
 }
 
@@ -655,6 +658,7 @@ static void *
 resolver_thread (void *arg)
 {
   struct lookup *lk;
+  char why[256];
 
   pthread_mutex_lock (&resolver_lock);
   for (;;) {
@@ -670,15 +674,9 @@ resolver_thread (void *arg)
       continue;
     }
     pthread_mutex_unlock (&resolver_lock);
-    lk->h = new_handle (NULL, lk->index);
-    if (lk->h == NULL || nbd_aio_connect_uri (lk->h, lk->uri) == -1) {
-      const char *e = nbd_get_error ();
-      lk->error = strdup (e ? e : "unknown error");
-      if (lk->h) {
-        nbd_close (lk->h);
-        lk->h = NULL;
-      }
-    }
+    lk->h = connect_handle (lk->uri, lk->index, why, sizeof why);
+    if (lk->h == NULL)
+      LOG ("%s: connection %u: connect: %s", lk->uri, lk->index, why);
     if (!ioloop_post (&lk->job, lk->gen))
       lookup_free (lk);                 /* that loop is gone */
     pthread_mutex_lock (&resolver_lock);
@@ -719,18 +717,17 @@ lookup_done (struct ioloop_job *job, int error)
     return;
   }
   conn->lookup = NULL;
-  if (!lk->wanted)                      /* timed out, retired, ... */
-    ;
-  else if (lk->h == NULL) {
-    LOG ("%s: connection %u: connect: %s", conn->nb->uri, conn->index,
-         lk->error);
-    conn_retry_later (conn);
-  }
-  else {
-    conn->h = lk->h;
-    lk->h = NULL;
-    conn_check (conn);
-    pump (conn->nb);
+  /* Unwanted: the attempt is over (timed out, retired...), and conn has
+   * its own timer for the next one.
+   */
+  if (lk->wanted) {
+    if ((conn->h = lk->h) == NULL)
+      conn_retry_later (conn);          /* the resolver logged why */
+    else {
+      lk->h = NULL;
+      conn_check (conn);
+      pump (conn->nb);
+    }
   }
   lookup_free (lk);
 }
@@ -967,14 +964,10 @@ conn_connect (struct nbd_conn *conn)
     }
   }
   else {
-    conn->h = new_handle (nb, conn->index);
-    if (conn->h == NULL || nbd_aio_connect_uri (conn->h, nb->uri) == -1) {
-      LOG ("%s: connection %u: connect: %s", nb->uri, conn->index,
-           nbd_get_error ());
-      if (conn->h) {
-        nbd_close (conn->h);
-        conn->h = NULL;
-      }
+    char why[256];
+    conn->h = connect_handle (nb->uri, conn->index, why, sizeof why);
+    if (conn->h == NULL) {
+      LOG ("%s: connection %u: connect: %s", nb->uri, conn->index, why);
       conn_retry_later (conn);
       return;
     }
@@ -1319,15 +1312,14 @@ static const struct backend_ops nbd_ops = {
 static struct nbd_handle *
 probe_connect (const char *uri, double timeout, struct mapper_err *err)
 {
-  struct nbd_handle *h = new_handle (NULL, 0);
+  char why[sizeof err->msg];
+  struct nbd_handle *h = connect_handle (uri, 0, why, sizeof why);
   ev_tstamp deadline = ev_time () + timeout;
 
   if (h == NULL) {
-    mapper_err_set (err, "%s: %s", uri, nbd_get_error ());
+    mapper_err_set (err, "%s: %s", uri, why);
     return NULL;
   }
-  if (nbd_aio_connect_uri (h, uri) == -1)
-    goto err;
   while (!nbd_aio_is_ready (h)) {
     ev_tstamp left = deadline - ev_time ();
     int r;
