@@ -620,28 +620,41 @@ static struct lookup *lookups, **lookups_tail = &lookups;
 static pthread_t resolver;
 static bool resolver_running, resolver_stopping;
 
-/* Is the host of this (normalised) URI a name rather than an address? */
+/* The host in the authority [auth, end) ("[user@]host[:port]"); *port
+ * is where ":port" starts, or end.  An IPv6 host keeps its brackets.
+ */
+static const char *
+authority_host (const char *auth, const char *end, const char **port)
+{
+  const char *host = memchr (auth, '@', end - auth);
+  const char *p;
+
+  host = host ? host + 1 : auth;
+  p = host[0] == '[' ? memchr (host, ']', end - host) : host;
+  p = p ? memchr (p, ':', end - p) : NULL;
+  *port = p ? p : end;
+  return host;
+}
+
+/* Is the host of this normalised TCP URI a name rather than an address? */
 static bool
 uri_host_is_name (const char *uri)
 {
-  const char *auth = strstr (uri, "://"), *end, *host;
+  const char *auth = strstr (uri, "://"), *end, *host, *port;
   char name[256];
   struct in_addr a;
-  size_t n;
 
   if (auth == NULL || memmem (uri, auth - uri, "+unix", 5))
     return false;
   auth += 3;
   end = auth + strcspn (auth, "/?");
-  host = memchr (auth, '@', end - auth);
-  host = host ? host + 1 : auth;
+  host = authority_host (auth, end, &port);
   if (*host == '[')
     return false;                       /* an IPv6 address */
-  n = strcspn (host, ":/?");
-  if (n >= sizeof name)
+  if ((size_t) (port - host) >= sizeof name)
     return true;
-  memcpy (name, host, n);
-  name[n] = '\0';
+  memcpy (name, host, port - host);
+  name[port - host] = '\0';
   return inet_pton (AF_INET, name, &a) != 1;
 }
 
@@ -1561,19 +1574,15 @@ nbd_backend_normalize (const char *spec, char **out, struct mapper_err *err)
     fwrite (auth, 1, auth_end - auth, fp);
   }
   else {
-    const char *host = memchr (auth, '@', auth_end - auth);
-    const char *port;
-    host = host ? host + 1 : auth;
+    const char *port, *host = authority_host (auth, auth_end, &port);
     if (host == auth_end) {
       mapper_err_set (err, "%s: %s URI needs a host", spec, scheme);
       goto out;
     }
     fwrite (auth, 1, host - auth, fp);          /* user@, as written */
-    port = host[0] == '[' ? memchr (host, ']', auth_end - host) : host;
-    port = port ? memchr (port, ':', auth_end - port) : NULL;
-    for (const char *p = host; p < (port ? port : auth_end); p++)
+    for (const char *p = host; p < port; p++)
       fputc (*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p, fp);
-    if (port && auth_end - port > 1 &&
+    if (auth_end - port > 1 &&
         !(auth_end - port == 6 && memcmp (port, ":10809", 6) == 0))
       fwrite (port, 1, auth_end - port, fp);
   }
