@@ -455,7 +455,7 @@ pick_conn (struct nbd_backend *nb, const struct nbd_cmd *cmd)
   if (cmd->x)
     return nb->conns[0].state == CONN_UP ? &nb->conns[0] : NULL;
   for (unsigned k = 1; k <= nb->nr_conns; k++) {
-    struct nbd_conn *conn = &nb->conns[k % nb->nr_conns];
+    struct nbd_conn *conn = &nb->conns[k < nb->nr_conns ? k : 0];
     if (conn->state != CONN_UP)
       continue;
     if (conn->inflight.len < SPILL)
