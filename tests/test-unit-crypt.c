@@ -81,6 +81,15 @@ test_bad_tables (void)
   /* OpenSSL refuses XTS keys whose two halves are equal. */
   UT_FAIL (EINVAL, 1, "crypt", "key refused by OpenSSL", "identical",
            "0 8 crypt %s %.32s%.32s 0 %s 0\n", c, KEY512, KEY512, A);
+  /* Also for AES-256-XTS, and for sectors done by OpenSSL's XTS rather
+   * than batched from ECB (which would take such a key).
+   */
+  UT_FAIL (EINVAL, 1, "crypt", "key refused by OpenSSL AES-256-XTS",
+           "identical", "0 8 crypt %s %.64s%.64s 0 %s 0\n", c, KEY512,
+           KEY512, A);
+  UT_FAIL (EINVAL, 1, "crypt", "key refused by OpenSSL AES-128-XTS",
+           "identical", "0 8 crypt %s %.32s%.32s 0 %s 0 1 sector_size:4096\n",
+           c, KEY512, KEY512, A);
 
   /* Ciphers and IV modes. */
   UT_FAIL (EINVAL, 1, "crypt", "unknown cipher 'serpent'", NULL,

@@ -27,11 +27,9 @@ static char *A_REAL, *B_REAL;
   ut_expect_fail_at (__LINE__, text, want, line, NULL, p1, p2)
 #define parse_ok(text) ut_parse ("%s", text)
 
-/* Owns text. */
-#define FAIL_FMT(want, line, p1, p2, ...) do { \
-  char *_s = unit_sprintf (__VA_ARGS__); \
-  ut_expect_fail_at (__LINE__, _s, want, line, NULL, p1, p2); \
-  free (_s); } while (0)
+/* UT_FAIL without a target name in the prefix. */
+#define FAIL_FMT(want, line, p1, p2, ...) \
+  UT_FAIL (want, line, NULL, p1, p2, __VA_ARGS__)
 
 static void
 setup (void)

@@ -70,7 +70,9 @@ parse_u32 (const char *s, uint32_t min, uint32_t max, uint32_t *out)
   return 0;
 }
 
-/* The features that set a flag, and the one each excludes. */
+/* The features that set a flag, and the one each excludes; in dm's
+ * order, which status follows.
+ */
 static const struct flag_feature {
   const char *name;
   unsigned flag, excludes;
@@ -393,17 +395,13 @@ flakey_status (struct target *ti, enum status_type type, char *buf,
                     used < len ? len - used : 0, __VA_ARGS__)
   if (type == STATUSTYPE_INFO)
     return snprintf (buf, len, "%s", "");
-  /* dm's order: error_reads, drop_writes or error_writes, corrupt. */
-  nr = !!(fc->flags & ERROR_READS) + !!(fc->flags & DROP_WRITES) +
-    !!(fc->flags & ERROR_WRITES) + (fc->corrupt_byte ? 5 : 0);
+  /* dm's order: the flag features in flag_features' order, corrupt. */
+  nr = __builtin_popcount (fc->flags) + (fc->corrupt_byte ? 5 : 0);
   APPEND ("%s %" PRIu64 " %" PRIu32 " %" PRIu32 " %u", fc->be->name,
           fc->start >> MAPPER_SECTOR_SHIFT, fc->up, fc->down, nr);
-  if (fc->flags & ERROR_READS)
-    APPEND (" error_reads");
-  if (fc->flags & DROP_WRITES)
-    APPEND (" drop_writes");
-  else if (fc->flags & ERROR_WRITES)
-    APPEND (" error_writes");
+  for (size_t i = 0; i < ARRAY_SIZE (flag_features); i++)
+    if (fc->flags & flag_features[i].flag)
+      APPEND (" %s", flag_features[i].name);
   if (fc->corrupt_byte)
     APPEND (" corrupt_bio_byte %" PRIu32 " %c %u %" PRIu32, fc->corrupt_byte,
             fc->corrupt_write ? 'w' : 'r', fc->corrupt_value,
