@@ -37,6 +37,23 @@ $expect"
 [ "$(ms ls | sort)" = "d 2
 d1" ] || die "ls after batch: $(ms ls)"
 
+# A line's options end with the line: neither --inactive nor -j leaks
+# into the next line.
+ms load d1 --table "0 8 zero"
+out=$(ms batch <<EOF2
+table --inactive -j d1
+table d1
+EOF2
+) || die "batch with per-line options failed"
+expect='{"devices": [{"name": "d1", "table": ["0 8 zero"]}]}
+0 1024 linear '"$a"' 0
+1024 1024 linear '"$a"' 1024'
+[ "$out" = "$expect" ] || die "per-line options leaked:
+$out
+expected:
+$expect"
+ms clear d1
+
 # The same batch from a file; -j given once applies to every line.
 echo "info d1" > "$tmpdir/b1"
 echo "table d1" >> "$tmpdir/b1"
