@@ -32,6 +32,7 @@ static struct options {
   double timeout;
 } opts = { .timeout = -1 };
 static const char *where;       /* "FILE:LINE" of the batch line, or NULL */
+static bool stdin_is_batch;     /* the batch's lines come from stdin */
 
 static void die (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2), noreturn));
@@ -263,9 +264,9 @@ split_rows (char *payload, struct row **rows)
 
 /* --- commands ---------------------------------------------------------- */
 
-/* TABLE from a file, "-" (stdin), or --table. */
+/* cmd's TABLE from a file, "-" (stdin), or --table. */
 static char *
-read_table (const char *arg)
+read_table (const char *cmd, const char *arg)
 {
   FILE *fp, *mem;
   char *buf = NULL;
@@ -278,8 +279,13 @@ read_table (const char *arg)
       die ("out of memory");
     return buf;
   }
-  if (arg == NULL || strcmp (arg, "-") == 0)
+  if (arg == NULL || strcmp (arg, "-") == 0) {
+    /* It would swallow the rest of the batch. */
+    if (stdin_is_batch)
+      die ("%s: give the table as a file or --table TEXT in a batch "
+           "read from standard input", cmd);
     fp = stdin;
+  }
   else if ((fp = fopen (arg, "r")) == NULL)
     die ("%s: %s", arg, strerror (errno));
   mem = open_memstream (&buf, &len);
@@ -601,7 +607,8 @@ command_code (const char *cmd, int argc)
 
 /* Run one checked command: argv holds its arguments after the name. */
 static void
-run_command (struct conn *c, unsigned code, int argc, char *argv[])
+run_command (struct conn *c, const char *cmd, unsigned code, int argc,
+             char *argv[])
 {
   char *p = NULL;
 
@@ -635,14 +642,14 @@ run_command (struct conn *c, unsigned code, int argc, char *argv[])
     char *t = NULL;
     const char *args[3] = { argv[0], opts.uuid ? opts.uuid : "", NULL };
     if (argc == 2 || opts.table_text)
-      t = read_table (argc == 2 ? argv[1] : NULL);
+      t = read_table (cmd, argc == 2 ? argv[1] : NULL);
     args[2] = t;
     p = call (c, code, t ? 3 : 2, args);
     free (t);
     break;
   }
   case PROTO_CMD_LOAD: case PROTO_CMD_REPLACE: {
-    char *t = read_table (argc == 2 ? argv[1] : NULL);
+    char *t = read_table (cmd, argc == 2 ? argv[1] : NULL);
     const char *args[2] = { argv[0], t };
     p = call (c, code, 2, args);
     free (t);
@@ -731,7 +738,8 @@ run_batch (struct conn *c, const char *file)
 
   if (file && strcmp (file, "-") != 0 && (fp = fopen (file, "r")) == NULL)
     die ("%s: %s", file, strerror (errno));
-  if (file == NULL || strcmp (file, "-") == 0)
+  stdin_is_batch = fp == stdin;
+  if (stdin_is_batch)
     file = "stdin";
   while (getline (&line, &cap, fp) != -1) {
     char *words[PROTO_MAX_ARGS + 3];  /* "nbdmsetup", words, NULL */
@@ -754,13 +762,7 @@ run_batch (struct conn *c, const char *file)
       die ("batch: not a command of a batch");
     int argc = n + 1 - optind - 1;
     unsigned code = command_code (cmd, argc);
-    /* The batch itself may be standard input. */
-    if ((code == PROTO_CMD_LOAD || code == PROTO_CMD_REPLACE ||
-         (code == PROTO_CMD_CREATE && argc == 2)) && fp == stdin &&
-        opts.table_text == NULL && (argc < 2 || strcmp (words[optind + 2], "-") == 0))
-      die ("%s: give the table as a file or --table TEXT in a batch "
-           "read from standard input", cmd);
-    run_command (c, code, argc, words + optind + 1);
+    run_command (c, cmd, code, argc, words + optind + 1);
   }
   where = NULL;
   if (ferror (fp))
@@ -801,7 +803,7 @@ main (int argc, char *argv[])
   if (code == 0)
     run_batch (&c, argc ? argv[0] : NULL);
   else
-    run_command (&c, code, argc, argv);
+    run_command (&c, cmd, code, argc, argv);
   disconnect (&c);
   return EXIT_SUCCESS;
 }

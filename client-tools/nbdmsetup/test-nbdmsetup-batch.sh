@@ -66,6 +66,13 @@ assert json.loads(lines[0])["devices"][0]["name"] == "d1", lines[0]
 assert json.loads(lines[1])["devices"][0]["table"][1].startswith("1024 1024"), lines[1]
 ' "$tmpdir/out.json" || die "batch -j output: $(cat "$tmpdir/out.json")"
 
+# A batch from a file may take a table from standard input.
+echo "load d1 -" > "$tmpdir/b2"
+ms batch "$tmpdir/b2" <<< "0 8 zero" || die "batch FILE with a table on stdin"
+[ "$(ms table --inactive d1)" = "0 8 zero" ] ||
+    die "table from stdin in a batch file: $(ms table --inactive d1)"
+ms clear d1
+
 # The first bad line stops the batch and is named; earlier lines ran,
 # later ones did not.
 snapshot () { { ms ls; ms table; ms info; } 2>&1; }
@@ -95,6 +102,12 @@ fails 'stdin:1: ls: wrong number of arguments' \
 fails 'stdin:1: too many words \(at most 4097\)' \
     ms batch <<< "ls $(printf 'x %.0s' $(seq 4097))"
 fails 'stdin:1: replace: give the table as a file' ms batch <<< "replace d1"
+fails 'stdin:1: create: give the table as a file' ms batch <<< "create x -"
+fails 'stdin:2: reload: give the table as a file' ms batch <<EOF2
+ls
+reload d1 -
+remove --force d1
+EOF2
 fails "$tmpdir/nofile: No such file" ms batch "$tmpdir/nofile"
 fails 'fd/[0-9]+:1: nofile: No such file' \
     ms batch <(echo "replace d1 nofile")
