@@ -31,7 +31,8 @@ static struct options {
   const char *table_text;       /* --table TEXT */
   double timeout;
 } opts = { .timeout = -1 };
-static const char *where;       /* "FILE:LINE" of the batch line, or NULL */
+static const char *batch_file;  /* the batch being run, or NULL */
+static unsigned batch_lineno;   /* the line of it being run */
 static bool stdin_is_batch;     /* the batch's lines come from stdin */
 
 static void die (const char *fmt, ...)
@@ -42,8 +43,8 @@ die (const char *fmt, ...)
   va_list ap;
 
   fputs ("nbdmsetup: ", stderr);
-  if (where)
-    fprintf (stderr, "%s: ", where);
+  if (batch_file)
+    fprintf (stderr, "%s:%u: ", batch_file, batch_lineno);
   va_start (ap, fmt);
   vfprintf (stderr, fmt, ap);
   va_end (ap);
@@ -732,8 +733,6 @@ run_batch (struct conn *c, const char *file)
   FILE *fp = stdin;
   char *line = NULL;
   size_t cap = 0;
-  char name[64];
-  unsigned lineno = 0;
   const struct options defaults = opts;   /* from the command line */
 
   if (file && strcmp (file, "-") != 0 && (fp = fopen (file, "r")) == NULL)
@@ -741,13 +740,12 @@ run_batch (struct conn *c, const char *file)
   stdin_is_batch = fp == stdin;
   if (stdin_is_batch)
     file = "stdin";
+  batch_file = file;
   while (getline (&line, &cap, fp) != -1) {
     char *words[PROTO_MAX_ARGS + 3];  /* "nbdmsetup", words, NULL */
     int n;
 
-    lineno++;
-    snprintf (name, sizeof name, "%.40s:%u", file, lineno);
-    where = name;
+    batch_lineno++;
     n = split_words (line, words + 1, PROTO_MAX_ARGS + 1);
     if (n == 0)
       continue;
@@ -764,7 +762,7 @@ run_batch (struct conn *c, const char *file)
     unsigned code = command_code (cmd, argc);
     run_command (c, cmd, code, argc, words + optind + 1);
   }
-  where = NULL;
+  batch_file = NULL;
   if (ferror (fp))
     die ("%s: read error", file);
   free (line);

@@ -109,6 +109,12 @@ reload d1 -
 remove --force d1
 EOF2
 fails "$tmpdir/nofile: No such file" ms batch "$tmpdir/nofile"
+fails 'stdin:2: no command' ms batch <<< $'ls\n--noflush --json'
+# A long batch file name is named whole.
+long=$tmpdir/a-directory-with-a-rather-long-name-for-batch-files
+mkdir "$long"
+printf 'ls\nfrobnicate\n' > "$long/commands.txt"
+fails "$long/commands.txt:2: unknown command" ms batch "$long/commands.txt"
 fails 'fd/[0-9]+:1: nofile: No such file' \
     ms batch <(echo "replace d1 nofile")
 [ "$(snapshot)" = "$before" ] || die "bad batch lines changed state"
