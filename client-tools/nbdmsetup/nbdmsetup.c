@@ -594,13 +594,18 @@ commands[] = {
   { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
 };
 
-/* Check a command's name and argument count (before connecting). */
+/* Check a command's name, argument count and options (before
+ * connecting).
+ */
 static unsigned
 command_code (const char *cmd, int argc)
 {
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp (cmd, commands[i].name) == 0) {
       need (argc, commands[i].min, commands[i].max, cmd);
+      if ((opts.flags & PROTO_F_BACKENDS) &&
+          commands[i].code != PROTO_CMD_STATUS)
+        die ("--backends is an option of status");
       return commands[i].code;
     }
   die ("unknown command '%s' (see nbdmsetup --help)", cmd);
@@ -613,8 +618,6 @@ run_command (struct conn *c, const char *cmd, unsigned code, int argc,
 {
   char *p = NULL;
 
-  if ((opts.flags & PROTO_F_BACKENDS) && code != PROTO_CMD_STATUS)
-    die ("--backends is an option of status");
   switch (code) {
   case PROTO_CMD_VERSION:
     print_version (c);

@@ -153,5 +153,8 @@ assert [(x["kind"], x["state"]) for x in d["bk"]] == [("file", "open")], d
 ms status --backends | grep -qx "bk: file $(realpath "$b"): open" ||
     die "status --backends of all: $(ms status --backends)"
 fails 'backends is an option of status' ms table --backends bk
+# Checked before connecting, like the arguments.
+fails 'backends is an option of status' \
+    ms -c "nbd+unix:///control?socket=$tmpdir/nosock" table --backends bk
 ms remove bk; ms remove bk0
 echo "$0: ok"
