@@ -552,8 +552,15 @@ parse_options (int argc, char *argv[], bool batch_line)
                              NULL)) != -1) {
     if (batch_line && (opt == 'c' || opt == 'k' || opt == 'h' || opt == 'V'))
       die ("-%c: give it on the command line, not in a batch", opt);
-    if (batch_line && opt == '?')
+    if (batch_line && opt == '?') {
+      /* A short option may sit in a cluster (-jx) that optind has not
+       * passed yet: name the letter.  optopt is 0 for an unknown long
+       * option and the option's value (> 255) for a missing argument.
+       */
+      if (optopt > 0 && optopt < 256)
+        die ("'-%c': unknown option or missing value", optopt);
       die ("'%s': unknown option or missing value", argv[optind - 1]);
+    }
     switch (opt) {
     case 'c': uri = optarg; break;
     case 'k': key_file = optarg; break;

@@ -93,6 +93,10 @@ EOF2
 [ "$(snapshot)" = "$before" ] || die "a bad table in a batch changed state"
 fails 'stdin:1: -c: give it on the command line' ms batch <<< "ls -c x"
 fails "stdin:1: '--bogus': unknown option" ms batch <<< "ls --bogus"
+fails "stdin:1: '--uuid': unknown option or missing value" \
+    ms batch <<< "create x --uuid"
+fails "stdin:1: '-x': unknown option" ms batch <<< "ls -xj"
+fails "stdin:1: '-x': unknown option" ms batch <<< "ls -jx"
 fails 'stdin:1: unterminated " quote' ms batch <<< 'create "x'
 fails 'stdin:1: table: wrong number of arguments' ms batch <<< "table a b"
 fails 'stdin:1: batch: not a command of a batch' ms batch <<< "batch"
