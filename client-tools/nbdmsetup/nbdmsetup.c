@@ -21,12 +21,19 @@
 
 static const char *uri;
 static const char *key_file;
-static bool json;
-static uint32_t flags;
-static const char *uuid;
-static const char *table_text;  /* --table TEXT */
-static double timeout = -1;
-static const char *where;       /* "FILE:LINE" of the batch line, or NULL */
+/* The options of one command.  A batch line starts from the command
+ * line's: one struct, so that is one assignment whatever options exist.
+ */
+static struct options {
+  bool json;
+  uint32_t flags;               /* PROTO_F_* */
+  const char *uuid;
+  const char *table_text;       /* --table TEXT */
+  double timeout;
+} opts = { .timeout = -1 };
+static const char *batch_file;  /* the batch being run, or NULL */
+static unsigned batch_lineno;   /* the line of it being run */
+static bool stdin_is_batch;     /* the batch's lines come from stdin */
 
 static void die (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2), noreturn));
@@ -36,8 +43,8 @@ die (const char *fmt, ...)
   va_list ap;
 
   fputs ("nbdmsetup: ", stderr);
-  if (where)
-    fprintf (stderr, "%s: ", where);
+  if (batch_file)
+    fprintf (stderr, "%s:%u: ", batch_file, batch_lineno);
   va_start (ap, fmt);
   vfprintf (stderr, fmt, ap);
   va_end (ap);
@@ -172,7 +179,7 @@ call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
   uint32_t total;
   char *payload;
 
-  if (proto_encode_request (cmd, flags, ++seq, nargs, args, c->key,
+  if (proto_encode_request (cmd, opts.flags, ++seq, nargs, args, c->key,
                             c->keylen, c->nonce, &msg, &len,
                             errmsg, sizeof errmsg) == -1)
     die ("%s: %s", proto_cmd_name (cmd), errmsg);
@@ -258,23 +265,28 @@ split_rows (char *payload, struct row **rows)
 
 /* --- commands ---------------------------------------------------------- */
 
-/* TABLE from a file, "-" (stdin), or --table. */
+/* cmd's TABLE from a file, "-" (stdin), or --table. */
 static char *
-read_table (const char *arg)
+read_table (const char *cmd, const char *arg)
 {
   FILE *fp, *mem;
   char *buf = NULL;
   size_t len = 0;
   int ch;
 
-  if (table_text) {
-    buf = strdup (table_text);
+  if (opts.table_text) {
+    buf = strdup (opts.table_text);
     if (buf == NULL)
       die ("out of memory");
     return buf;
   }
-  if (arg == NULL || strcmp (arg, "-") == 0)
+  if (arg == NULL || strcmp (arg, "-") == 0) {
+    /* It would swallow the rest of the batch. */
+    if (stdin_is_batch)
+      die ("%s: give the table as a file or --table TEXT in a batch "
+           "read from standard input", cmd);
     fp = stdin;
+  }
   else if ((fp = fopen (arg, "r")) == NULL)
     die ("%s: %s", arg, strerror (errno));
   mem = open_memstream (&buf, &len);
@@ -299,7 +311,7 @@ print_version (struct conn *c)
   const char *server = n && rows[0].n >= 1 ? rows[0].f[0] : "?";
   const char *proto = n && rows[0].n >= 2 ? rows[0].f[1] : "?";
 
-  if (json) {
+  if (opts.json) {
     printf ("{\"client\": ");
     json_string (PACKAGE_VERSION);
     printf (", \"server\": ");
@@ -321,7 +333,7 @@ print_ls (char *p)
   struct row *rows;
   size_t n = split_rows (p, &rows);
 
-  if (json) {
+  if (opts.json) {
     printf ("{\"devices\": [");
     for (size_t i = 0; i < n; i++) {
       if (rows[i].n < 3)
@@ -355,13 +367,13 @@ print_info (char *p)
   struct row *rows;
   size_t n = split_rows (p, &rows);
 
-  if (json)
+  if (opts.json)
     printf ("{\"devices\": [");
   for (size_t i = 0; i < n; i++) {
     char **f = rows[i].f;
     if (rows[i].n < 9)
       die ("info: malformed response");
-    if (json) {
+    if (opts.json) {
       printf ("%s{\"name\": ", i ? ", " : "");
       json_string (f[0]);
       printf (", \"state\": \"%s\", \"live_table\": %s, "
@@ -389,7 +401,7 @@ print_info (char *p)
     if (*f[7])
       printf ("UUID: %s\n", f[7]);
   }
-  if (json)
+  if (opts.json)
     printf ("]}\n");
   else if (n == 0)
     printf ("No devices found\n");
@@ -409,7 +421,7 @@ print_grouped (char *p, bool one, const char *key, int nfields,
   size_t n = split_rows (p, &rows);
   const char *prev = NULL;
 
-  if (json)
+  if (opts.json)
     printf ("{\"devices\": [");
   for (size_t i = 0; i < n; i++) {
     char **f = rows[i].f;
@@ -418,7 +430,7 @@ print_grouped (char *p, bool one, const char *key, int nfields,
 
     if (some && rows[i].n < nfields + 1)
       die ("%s: malformed response", key);
-    if (json) {
+    if (opts.json) {
       if (first) {
         printf ("%s{\"name\": ", prev ? "]}, " : "");
         json_string (f[0]);
@@ -440,7 +452,7 @@ print_grouped (char *p, bool one, const char *key, int nfields,
     }
     prev = f[0];
   }
-  if (json)
+  if (opts.json)
     printf ("%s]}\n", prev ? "]}" : "");
   else if (!one && n == 0)
     printf ("No devices found\n");
@@ -451,7 +463,7 @@ print_grouped (char *p, bool one, const char *key, int nfields,
 static void
 line_item (char **f)
 {
-  if (json)
+  if (opts.json)
     json_string (f[0]);
   else
     printf ("%s\n", f[0]);
@@ -461,7 +473,7 @@ line_item (char **f)
 static void
 backend_item (char **f)
 {
-  if (!json) {
+  if (!opts.json) {
     printf ("%s %s: %s\n", f[1], f[0], f[2]);
     return;
   }
@@ -480,12 +492,12 @@ print_targets (char *p)
   struct row *rows;
   size_t n = split_rows (p, &rows);
 
-  if (json)
+  if (opts.json)
     printf ("{\"targets\": [");
   for (size_t i = 0; i < n; i++) {
     if (rows[i].n < 2)
       die ("targets: malformed response");
-    if (json) {
+    if (opts.json) {
       printf ("%s{\"name\": ", i ? ", " : "");
       json_string (rows[i].f[0]);
       printf (", \"version\": ");
@@ -495,7 +507,7 @@ print_targets (char *p)
     else
       printf ("%-16s v%s\n", rows[i].f[0], rows[i].f[1]);
   }
-  if (json)
+  if (opts.json)
     printf ("]}\n");
   free (rows);
 }
@@ -505,34 +517,6 @@ need (int argc, int min, int max, const char *cmd)
 {
   if (argc < min || argc > max)
     die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
-}
-
-/* Each batch line starts from the options given on the command line. */
-static struct {
-  bool json;
-  uint32_t flags;
-  const char *uuid, *table_text;
-  double timeout;
-} batch_defaults;
-
-static void
-save_command_options (void)
-{
-  batch_defaults.json = json;
-  batch_defaults.flags = flags;
-  batch_defaults.uuid = uuid;
-  batch_defaults.table_text = table_text;
-  batch_defaults.timeout = timeout;
-}
-
-static void
-reset_command_options (void)
-{
-  json = batch_defaults.json;
-  flags = batch_defaults.flags;
-  uuid = batch_defaults.uuid;
-  table_text = batch_defaults.table_text;
-  timeout = batch_defaults.timeout;
 }
 
 /* Parse options (GNU getopt permutes: they may follow the command).
@@ -568,26 +552,33 @@ parse_options (int argc, char *argv[], bool batch_line)
                              NULL)) != -1) {
     if (batch_line && (opt == 'c' || opt == 'k' || opt == 'h' || opt == 'V'))
       die ("-%c: give it on the command line, not in a batch", opt);
-    if (batch_line && opt == '?')
+    if (batch_line && opt == '?') {
+      /* A short option may sit in a cluster (-jx) that optind has not
+       * passed yet: name the letter.  optopt is 0 for an unknown long
+       * option and the option's value (> 255) for a missing argument.
+       */
+      if (optopt > 0 && optopt < 256)
+        die ("'-%c': unknown option or missing value", optopt);
       die ("'%s': unknown option or missing value", argv[optind - 1]);
+    }
     switch (opt) {
     case 'c': uri = optarg; break;
     case 'k': key_file = optarg; break;
-    case 'j': json = true; break;
+    case 'j': opts.json = true; break;
     case 'h': usage (stdout, EXIT_SUCCESS);
     case 'V': printf ("nbdmsetup %s\n", PACKAGE_VERSION); exit (EXIT_SUCCESS);
-    case OPT_NOFLUSH: flags |= PROTO_F_NOFLUSH; break;
-    case OPT_FORCE: flags |= PROTO_F_FORCE; break;
-    case OPT_INACTIVE: flags |= PROTO_F_INACTIVE; break;
-    case OPT_SHOWKEYS: flags |= PROTO_F_SHOWKEYS; break;
-    case OPT_BACKENDS: flags |= PROTO_F_BACKENDS; break;
-    case OPT_UUID: uuid = optarg; break;
-    case OPT_TABLE: table_text = optarg; break;
+    case OPT_NOFLUSH: opts.flags |= PROTO_F_NOFLUSH; break;
+    case OPT_FORCE: opts.flags |= PROTO_F_FORCE; break;
+    case OPT_INACTIVE: opts.flags |= PROTO_F_INACTIVE; break;
+    case OPT_SHOWKEYS: opts.flags |= PROTO_F_SHOWKEYS; break;
+    case OPT_BACKENDS: opts.flags |= PROTO_F_BACKENDS; break;
+    case OPT_UUID: opts.uuid = optarg; break;
+    case OPT_TABLE: opts.table_text = optarg; break;
     case OPT_TIMEOUT:
       errno = 0;
-      timeout = strtod (optarg, &end);
-      if (errno || *end || end == optarg || !(timeout >= 0) ||
-          timeout > 86400 * 365)
+      opts.timeout = strtod (optarg, &end);
+      if (errno || *end || end == optarg || !(opts.timeout >= 0) ||
+          opts.timeout > 86400 * 365)
         die ("--timeout: '%s' is not a number of seconds", optarg);
       break;
     default: usage (stderr, EXIT_FAILURE);
@@ -610,13 +601,18 @@ commands[] = {
   { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
 };
 
-/* Check a command's name and argument count (before connecting). */
+/* Check a command's name, argument count and options (before
+ * connecting).
+ */
 static unsigned
 command_code (const char *cmd, int argc)
 {
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp (cmd, commands[i].name) == 0) {
       need (argc, commands[i].min, commands[i].max, cmd);
+      if ((opts.flags & PROTO_F_BACKENDS) &&
+          commands[i].code != PROTO_CMD_STATUS)
+        die ("--backends is an option of status");
       return commands[i].code;
     }
   die ("unknown command '%s' (see nbdmsetup --help)", cmd);
@@ -624,12 +620,11 @@ command_code (const char *cmd, int argc)
 
 /* Run one checked command: argv holds its arguments after the name. */
 static void
-run_command (struct conn *c, unsigned code, int argc, char *argv[])
+run_command (struct conn *c, const char *cmd, unsigned code, int argc,
+             char *argv[])
 {
   char *p = NULL;
 
-  if ((flags & PROTO_F_BACKENDS) && code != PROTO_CMD_STATUS)
-    die ("--backends is an option of status");
   switch (code) {
   case PROTO_CMD_VERSION:
     print_version (c);
@@ -644,7 +639,7 @@ run_command (struct conn *c, unsigned code, int argc, char *argv[])
     break;
   case PROTO_CMD_TABLE: case PROTO_CMD_STATUS:
     p = call (c, code, argc, (const char *const *) argv);
-    if (flags & PROTO_F_BACKENDS)
+    if (opts.flags & PROTO_F_BACKENDS)
       print_grouped (p, argc == 1, "backends", 3, backend_item);
     else
       print_grouped (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status",
@@ -656,16 +651,16 @@ run_command (struct conn *c, unsigned code, int argc, char *argv[])
     break;
   case PROTO_CMD_CREATE: {
     char *t = NULL;
-    const char *args[3] = { argv[0], uuid ? uuid : "", NULL };
-    if (argc == 2 || table_text)
-      t = read_table (argc == 2 ? argv[1] : NULL);
+    const char *args[3] = { argv[0], opts.uuid ? opts.uuid : "", NULL };
+    if (argc == 2 || opts.table_text)
+      t = read_table (cmd, argc == 2 ? argv[1] : NULL);
     args[2] = t;
     p = call (c, code, t ? 3 : 2, args);
     free (t);
     break;
   }
   case PROTO_CMD_LOAD: case PROTO_CMD_REPLACE: {
-    char *t = read_table (argc == 2 ? argv[1] : NULL);
+    char *t = read_table (cmd, argc == 2 ? argv[1] : NULL);
     const char *args[2] = { argv[0], t };
     p = call (c, code, 2, args);
     free (t);
@@ -674,10 +669,10 @@ run_command (struct conn *c, unsigned code, int argc, char *argv[])
   case PROTO_CMD_WAIT: {
     char ms[32] = "";
     const char *args[3] = { argv[0], argc == 2 ? argv[1] : "", ms };
-    if (timeout >= 0)
-      snprintf (ms, sizeof ms, "%lld", (long long) (timeout * 1000));
-    p = call (c, code, timeout >= 0 ? 3 : 2, args);
-    if (json)
+    if (opts.timeout >= 0)
+      snprintf (ms, sizeof ms, "%lld", (long long) (opts.timeout * 1000));
+    p = call (c, code, opts.timeout >= 0 ? 3 : 2, args);
+    if (opts.json)
       printf ("{\"event_nr\": %s}\n", strtok (p, "\n") ? p : "0");
     break;
   }
@@ -748,26 +743,25 @@ run_batch (struct conn *c, const char *file)
   FILE *fp = stdin;
   char *line = NULL;
   size_t cap = 0;
-  char name[64];
-  unsigned lineno = 0;
+  const struct options defaults = opts;   /* from the command line */
 
   if (file && strcmp (file, "-") != 0 && (fp = fopen (file, "r")) == NULL)
     die ("%s: %s", file, strerror (errno));
-  if (file == NULL || strcmp (file, "-") == 0)
+  stdin_is_batch = fp == stdin;
+  if (stdin_is_batch)
     file = "stdin";
+  batch_file = file;
   while (getline (&line, &cap, fp) != -1) {
     char *words[PROTO_MAX_ARGS + 3];  /* "nbdmsetup", words, NULL */
     int n;
 
-    lineno++;
-    snprintf (name, sizeof name, "%.40s:%u", file, lineno);
-    where = name;
+    batch_lineno++;
     n = split_words (line, words + 1, PROTO_MAX_ARGS + 1);
     if (n == 0)
       continue;
     words[0] = (char *) "nbdmsetup";
     words[n + 1] = NULL;
-    reset_command_options ();
+    opts = defaults;
     parse_options (n + 1, words, true);
     if (optind >= n + 1)
       die ("no command");
@@ -776,15 +770,9 @@ run_batch (struct conn *c, const char *file)
       die ("batch: not a command of a batch");
     int argc = n + 1 - optind - 1;
     unsigned code = command_code (cmd, argc);
-    /* The batch itself may be standard input. */
-    if ((code == PROTO_CMD_LOAD || code == PROTO_CMD_REPLACE ||
-         (code == PROTO_CMD_CREATE && argc == 2)) && fp == stdin &&
-        table_text == NULL && (argc < 2 || strcmp (words[optind + 2], "-") == 0))
-      die ("%s: give the table as a file or --table TEXT in a batch "
-           "read from standard input", cmd);
-    run_command (c, code, argc, words + optind + 1);
+    run_command (c, cmd, code, argc, words + optind + 1);
   }
-  where = NULL;
+  batch_file = NULL;
   if (ferror (fp))
     die ("%s: read error", file);
   free (line);
@@ -814,10 +802,8 @@ main (int argc, char *argv[])
     die ("no control export: use --connect URI or $NBDMSETUP_URI");
 
   /* Check the arguments before connecting. */
-  if (strcmp (cmd, "batch") == 0) {
+  if (strcmp (cmd, "batch") == 0)
     need (argc, 0, 1, cmd);
-    save_command_options ();
-  }
   else
     code = command_code (cmd, argc);
 
@@ -825,7 +811,7 @@ main (int argc, char *argv[])
   if (code == 0)
     run_batch (&c, argc ? argv[0] : NULL);
   else
-    run_command (&c, code, argc, argv);
+    run_command (&c, cmd, code, argc, argv);
   disconnect (&c);
   return EXIT_SUCCESS;
 }

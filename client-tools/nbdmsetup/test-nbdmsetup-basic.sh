@@ -153,5 +153,14 @@ assert [(x["kind"], x["state"]) for x in d["bk"]] == [("file", "open")], d
 ms status --backends | grep -qx "bk: file $(realpath "$b"): open" ||
     die "status --backends of all: $(ms status --backends)"
 fails 'backends is an option of status' ms table --backends bk
-ms remove bk; ms remove bk0
+# Checked before connecting, like the arguments.
+fails 'backends is an option of status' \
+    ms -c "nbd+unix:///control?socket=$tmpdir/nosock" table --backends bk
+# A stacked device is a backend of kind device, named as in the table.
+ms create st --table "0 8 linear mapper:bk 0
+8 8 linear $b 0"
+[ "$(ms status --backends st)" = "device mapper:bk: open
+file $(realpath "$b"): open" ] ||
+    die "status --backends of a stacked device: $(ms status --backends st)"
+ms remove st; ms remove bk; ms remove bk0
 echo "$0: ok"

@@ -37,6 +37,23 @@ $expect"
 [ "$(ms ls | sort)" = "d 2
 d1" ] || die "ls after batch: $(ms ls)"
 
+# A line's options end with the line: neither --inactive nor -j leaks
+# into the next line.
+ms load d1 --table "0 8 zero"
+out=$(ms batch <<EOF2
+table --inactive -j d1
+table d1
+EOF2
+) || die "batch with per-line options failed"
+expect='{"devices": [{"name": "d1", "table": ["0 8 zero"]}]}
+0 1024 linear '"$a"' 0
+1024 1024 linear '"$a"' 1024'
+[ "$out" = "$expect" ] || die "per-line options leaked:
+$out
+expected:
+$expect"
+ms clear d1
+
 # The same batch from a file; -j given once applies to every line.
 echo "info d1" > "$tmpdir/b1"
 echo "table d1" >> "$tmpdir/b1"
@@ -48,6 +65,13 @@ assert len(lines) == 2, lines
 assert json.loads(lines[0])["devices"][0]["name"] == "d1", lines[0]
 assert json.loads(lines[1])["devices"][0]["table"][1].startswith("1024 1024"), lines[1]
 ' "$tmpdir/out.json" || die "batch -j output: $(cat "$tmpdir/out.json")"
+
+# A batch from a file may take a table from standard input.
+echo "load d1 -" > "$tmpdir/b2"
+ms batch "$tmpdir/b2" <<< "0 8 zero" || die "batch FILE with a table on stdin"
+[ "$(ms table --inactive d1)" = "0 8 zero" ] ||
+    die "table from stdin in a batch file: $(ms table --inactive d1)"
+ms clear d1
 
 # The first bad line stops the batch and is named; earlier lines ran,
 # later ones did not.
@@ -69,6 +93,10 @@ EOF2
 [ "$(snapshot)" = "$before" ] || die "a bad table in a batch changed state"
 fails 'stdin:1: -c: give it on the command line' ms batch <<< "ls -c x"
 fails "stdin:1: '--bogus': unknown option" ms batch <<< "ls --bogus"
+fails "stdin:1: '--uuid': unknown option or missing value" \
+    ms batch <<< "create x --uuid"
+fails "stdin:1: '-x': unknown option" ms batch <<< "ls -xj"
+fails "stdin:1: '-x': unknown option" ms batch <<< "ls -jx"
 fails 'stdin:1: unterminated " quote' ms batch <<< 'create "x'
 fails 'stdin:1: table: wrong number of arguments' ms batch <<< "table a b"
 fails 'stdin:1: batch: not a command of a batch' ms batch <<< "batch"
@@ -78,7 +106,19 @@ fails 'stdin:1: ls: wrong number of arguments' \
 fails 'stdin:1: too many words \(at most 4097\)' \
     ms batch <<< "ls $(printf 'x %.0s' $(seq 4097))"
 fails 'stdin:1: replace: give the table as a file' ms batch <<< "replace d1"
+fails 'stdin:1: create: give the table as a file' ms batch <<< "create x -"
+fails 'stdin:2: reload: give the table as a file' ms batch <<EOF2
+ls
+reload d1 -
+remove --force d1
+EOF2
 fails "$tmpdir/nofile: No such file" ms batch "$tmpdir/nofile"
+fails 'stdin:2: no command' ms batch <<< $'ls\n--noflush --json'
+# A long batch file name is named whole.
+long=$tmpdir/a-directory-with-a-rather-long-name-for-batch-files
+mkdir "$long"
+printf 'ls\nfrobnicate\n' > "$long/commands.txt"
+fails "$long/commands.txt:2: unknown command" ms batch "$long/commands.txt"
 fails 'fd/[0-9]+:1: nofile: No such file' \
     ms batch <(echo "replace d1 nofile")
 [ "$(snapshot)" = "$before" ] || die "bad batch lines changed state"
