@@ -19,6 +19,14 @@ DEFINE_VECTOR_TYPE (device_vector, struct device *);
  * at connection open: never per request.  Recursive so device_foreach
  * callbacks may use the accessors that take it.  Order: devices_lock
  * before any dev->lock.
+ *
+ * The backend registry lock (backend.c) is not in one order with these:
+ * status --backends takes devices_lock, dev->lock, then the registry
+ * lock (backend_hold/put), while opening a "mapper:NAME" backend holds
+ * the registry lock and takes devices_lock (device_open_conn).  Both run
+ * only for control commands, which the plugin serialises (control_lock
+ * in plugins/mapper/control.c); a caller that ran either outside it
+ * could deadlock.
  */
 static pthread_mutex_t devices_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static device_vector devices;          /* in creation order */
