@@ -149,15 +149,6 @@ main (int argc, char *argv[])
              "[-l LOOKUPS] [-p POLLUTE_BYTES] [-r ROUNDS] [-m]\n");
     return 1;
   }
-  if (map) {
-    int fd = mkstemp (file);
-
-    if (fd == -1 || ftruncate (fd, (off_t) ntargets * sectors * 512) == -1) {
-      perror (file);
-      return 1;
-    }
-    close (fd);
-  }
   text = p = malloc (ntargets * (64 + strlen (file)) + 1);
   offs = malloc (nr_offs * sizeof *offs);
   area = calloc (1, POLLUTE_AREA);
@@ -165,6 +156,18 @@ main (int argc, char *argv[])
   if (!text || !offs || !area || !ns) {
     perror ("bench-lookup");
     return 1;
+  }
+  /* Linear's backing file, unlinked once the table has opened it. */
+  if (map) {
+    int fd = mkstemp (file);
+
+    if (fd == -1 || ftruncate (fd, (off_t) ntargets * sectors * 512) == -1) {
+      perror (file);
+      if (fd >= 0)
+        unlink (file);
+      return 1;
+    }
+    close (fd);
   }
   for (size_t i = 0; i < ntargets; i++) {
     if (map)
