@@ -3,7 +3,8 @@
 # EIO (after the timeout, then at once while it stays down) while the
 # server and its other devices keep working; a stalled server (every read
 # delayed 20 s) fails the read with EIO instead of hanging the worker, and
-# the backend keeps serving writes on a fresh connection.
+# the backend keeps serving writes on a fresh connection.  Out-of-range
+# remote-timeout and remote-connections values are refused at startup.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 source "$top_srcdir/tests/remote-functions.sh"
 
@@ -17,6 +18,27 @@ l=$(mkfile local.img 1M)
 echo "0 2048 linear nbd+unix:///?socket=$tmpdir/gone.sock 0" > "$tmpdir/gone.table"
 echo "0 2048 linear nbd+unix:///?socket=$tmpdir/slow.sock 0" > "$tmpdir/slow.table"
 echo "0 2048 linear $l 0" > "$tmpdir/local.table"
+
+# refused PARAM=VALUE MESSAGE: nbdkit does not start, and says why.
+refused ()
+{
+    if mapper -U - "$1" "$tmpdir/local.table" --run true \
+            2> "$tmpdir/param.err"; then
+        die "$1 was accepted"
+    fi
+    grep -qF -- "$2" "$tmpdir/param.err" ||
+        { cat "$tmpdir/param.err"; die "$1: no '$2' in the error"; }
+}
+refused remote-timeout=0 "remote-timeout=0: must be between 1 and 86400"
+refused remote-timeout=86401 "remote-timeout=86401: must be between 1 and 86400"
+refused remote-timeout=-1 "remote-timeout: negative numbers are not allowed"
+refused remote-connections=0 "remote-connections=0: must be between 1 and 64"
+refused remote-connections=65 "remote-connections=65: must be between 1 and 64"
+refused remote-connections=2x "remote-connections: could not parse number"
+# The largest values are taken.
+mapper -U - remote-timeout=86400 remote-connections=64 \
+       "$tmpdir/local.table" --run true ||
+    die "remote-timeout=86400 remote-connections=64 refused"
 
 cat > "$tmpdir/timeout.py" <<'EOF'
 import errno, os, signal, sys, time
