@@ -80,15 +80,12 @@ dns=$!
 cleanup_fn "kill $dns"
 wait_file "$tmpdir/dns.ready"
 
-# slow_server: the backend behind the host name, in the namespace.
-slow_server ()
-{
-    ip netns exec "$ns" nbdkit -i 127.0.0.1 -p 10809 -P "$tmpdir/slow.pid" \
-        memory 1M || die "backend slow: nbdkit failed"
-    wait_file "$tmpdir/slow.pid"
-}
-slow_server
+# The backend behind the host name, in the namespace; lookup.py starts
+# it again with the same command.
+slow_server="ip netns exec $ns nbdkit -i 127.0.0.1 -p 10809 -P $tmpdir/slow.pid memory 1M"
+$slow_server || die "backend slow: nbdkit failed"
 cleanup_fn "kill_backend slow"
+wait_file "$tmpdir/slow.pid"
 backend fast memory 1M
 
 echo "0 2048 linear nbd://backend.test/ 0" > "$tmpdir/slow.table"
@@ -160,8 +157,7 @@ assert slow.pread(4096, 0) == b"t" * 4096
 print("4: slow is back")
 EOF
 cd "$tmpdir"
-restart="ip netns exec $ns nbdkit -i 127.0.0.1 -p 10809 -P $tmpdir/slow.pid memory 1M"
-timeout 300 python3 "$tmpdir/lookup.py" "$tmpdir" "$restart" ||
+timeout 300 python3 "$tmpdir/lookup.py" "$tmpdir" "$slow_server" ||
     die "a held DNS lookup"
 stop_pidfile "$tmpdir/m.pid"
 echo "test-remote-lookup: ok"
