@@ -42,7 +42,6 @@ sums () { (cd "$tmpdir/mnt" && find . -type f -print0 | sort -z | xargs -0 sha25
 
 mapper -U "$sock" -P "$tmpdir/pid" "$tmpdir/dev.table" ||
     die "server did not start"
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 ms status dev || die "nbdmsetup cannot reach the server"
 
 # 1. Up: a filesystem with fsynced files.

@@ -39,8 +39,7 @@ uri="nbd+unix:///?socket=$sock"
 log=$tmpdir/mapper.log
 mapper -v -D nbdkit.backend.datapath=0 -U "$sock" -P "$tmpdir/mapper.pid" \
     remote-timeout=3 "$tmpdir/d.table" 2> "$log"
-cleanup_fn 'kill $(cat "$tmpdir/mapper.pid") 2>/dev/null'
-wait_file "$tmpdir/mapper.pid"
+cleanup_fn 'stop_pidfile "$tmpdir/mapper.pid"'
 ms () { timeout 120 nbdsh -u "$uri" "$@"; }
 
 ms -c 'h.pwrite(b"A" * 65536, 0)' -c 'h.flush()'
@@ -98,5 +97,5 @@ h.flush()
 ' || die "writable server back: the device failed"
 echo "read-only server refused; writable one used again"
 # The mapper first: its connections would hold the backend's exit up.
-kill "$(cat "$tmpdir/mapper.pid")"
+stop_pidfile "$tmpdir/mapper.pid"
 echo "$0: ok"

@@ -76,7 +76,6 @@ start_mapper ()
         -U "$sock" -P "$tmpdir/mapper.pid" remote-timeout="$1" \
         "$tmpdir/remote.table" "$tmpdir/local.table" 2> "$2" ||
         { cat "$2"; die "nbdkit mapper failed to start"; }
-    wait_file "$tmpdir/mapper.pid"
 }
 stop_mapper () { stop_pidfile "$tmpdir/mapper.pid"; }
 cleanup_fn stop_mapper
