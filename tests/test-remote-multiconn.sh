@@ -70,6 +70,8 @@ line=$(grep -n 'no longer allows multi-conn' "$log" | cut -d: -f1)
     { grep 'nbd+unix' "$log" | tail -30; die "no multi-conn: not once in the log"; }
 grep 'no longer allows multi-conn' "$log"
 kept=$(sed -n "${line}s/.*connection \([0-9]*\) only.*/\1/p" "$log")
+# Without it, the check below would take every connection for another.
+[ -n "$kept" ] || die "no multi-conn: the log does not say which connection"
 others=$(tail -n +"$((line + 1))" "$log" |
          grep -E 'connection [0-9]+ -> (connecting|up)' |
          grep -v "connection $kept " || :)
