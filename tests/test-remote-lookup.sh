@@ -100,7 +100,7 @@ cleanup_fn 'stop_pidfile "$tmpdir/m.pid"'
 cat > "$tmpdir/lookup.py" <<'EOF'
 import os, signal, subprocess, sys, time
 import nbd
-from nbdcheck import connect, when_back
+from nbdcheck import aio_wait, connect, when_back
 d, restart = sys.argv[1], sys.argv[2]
 sock = d + "/m.sock"
 fast, slow = connect(sock, "fast"), connect(sock, "slow")
@@ -129,11 +129,8 @@ sbuf = nbd.Buffer(4096)
 scookie = slow.aio_pread(sbuf, 0)
 buf = nbd.Buffer(4096)
 cookie = fast.aio_pread(buf, 0)
-deadline = time.monotonic() + 20
-while not fast.aio_command_completed(cookie):
-    left = deadline - time.monotonic()
-    assert left > 0, "fast stalled while a host name was being looked up"
-    fast.poll(int(left * 1000) + 1)
+assert aio_wait(fast, cookie, 20,
+                "fast stalled while a host name was being looked up") == 0
 assert buf.to_bytearray() == b"f" * 4096
 assert os.path.exists(d + "/hold") and os.path.exists(d + "/held")
 slow.poll(500)                  # take in a reply, if there is one
@@ -145,11 +142,7 @@ print("3: fast served a read while the lookup was held; slow's read waits")
 #    waiting read included.
 os.unlink(d + "/hold")
 subprocess.check_call(["sh", "-c", restart])
-deadline = time.monotonic() + 60
-while not slow.aio_command_completed(scookie):
-    left = deadline - time.monotonic()
-    assert left > 0, "slow's waiting read never completed"
-    slow.poll(int(left * 1000) + 1)
+assert aio_wait(slow, scookie, 60, "slow's waiting read never completed") == 0
 assert sbuf.to_bytearray() == bytes(4096)
 when_back(slow.pread, 4096, 0, seconds=60)
 slow.pwrite(b"t" * 4096, 0)

@@ -51,7 +51,7 @@ ms -c 'h.pwrite(b"B" * 4096, 65536)'          # acknowledged, not flushed
 kill_backend r KILL
 server no
 ms -c '
-from nbdcheck import fails_eio
+from nbdcheck import aio_wait, fails_eio
 assert h.pread(4096, 65536) == b"B" * 4096     # retried on the one left
 assert fails_eio(h.flush), "flush after the lost connections succeeded"
 h.flush()                                       # once only
@@ -59,8 +59,7 @@ h.flush()                                       # once only
 cookies = [h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray([i]) * 4096),
                         (32 + i) * 4096) for i in range(64)]
 for c in cookies:
-    while not h.aio_command_completed(c):
-        h.poll(-1)
+    assert aio_wait(h, c) == 0
 h.flush()
 for i in range(64):
     assert h.pread(4096, (32 + i) * 4096) == bytes([i]) * 4096
