@@ -24,13 +24,29 @@ def fails_eio(f, *args):
     return False
 
 
+def aio_wait(h, cookie, seconds=60, what="an aio command did not complete"):
+    """Wait for the aio command COOKIE on H: 0 if it worked, else its
+    errno; fails the test after SECONDS."""
+    deadline = time.monotonic() + seconds
+    try:
+        while not h.aio_command_completed(cookie):
+            left = deadline - time.monotonic()
+            assert left > 0, what
+            h.poll(int(left * 1000) + 1)
+    except nbd.Error as e:
+        return e.errnum
+    return 0
+
+
 def when_back(f, *args, seconds=60, what="the device did not come back"):
     """f(*args) once it stops failing with EIO (a backend reconnecting);
-    fails the test after SECONDS."""
-    for _ in range(int(seconds * 10)):
+    fails the test after SECONDS (a deadline: each failing call may
+    itself take up to the mapper's remote-timeout)."""
+    deadline = time.monotonic() + seconds
+    while True:
         try:
             return f(*args)
         except nbd.Error as e:
             assert e.errnum == errno.EIO, e
+            assert time.monotonic() < deadline, what
             time.sleep(0.1)
-    raise AssertionError(what)

@@ -27,15 +27,8 @@ backend_tcp ()
 # kill_backend NAME [SIGNAL]: stop it (and wait until it is gone).
 kill_backend () { stop_pidfile "$tmpdir/$1.pid" "${2:-TERM}"; }
 
-wait_file ()
-{
-    local i
-    for (( i = 0; i < 100; i++ )); do
-        [ -s "$1" ] && return 0
-        sleep 0.1
-    done
-    die "timed out waiting for $1"
-}
+# wait_file FILE: until FILE is there and not empty (a pid file).
+wait_file () { wait_for test -s "$1" || die "timed out waiting for $1"; }
 
 # free_port: a TCP port on 127.0.0.1 that nothing listens on right now.
 free_port ()

@@ -188,8 +188,7 @@ if [ -x "$NBDMSETUP" ]; then
     key=$(python3 -c "import os; print(os.urandom(64).hex())")
     echo "0 2048 crypt aes-xts-plain64 $key 0 $f 0" > "$tmpdir/sec.table"
     mapper -U "$sock" -P "$tmpdir/pid" "$tmpdir/sec.table"
-    cleanup_fn 'kill $(cat "$tmpdir/pid") 2>/dev/null'
-    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+    cleanup_fn 'stop_pidfile "$tmpdir/pid"'
     ms () { "$NBDMSETUP" -c "nbd+unix:///control?socket=$sock" "$@"; }
     ms table sec > "$tmpdir/masked"
     ms table --showkeys sec > "$tmpdir/shown"

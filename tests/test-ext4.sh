@@ -20,8 +20,7 @@ EOF
 
 mkdir "$tmpdir/fuse" "$tmpdir/mnt"
 
-ext4_cleanup () { fuse_detach; }
-cleanup_fn ext4_cleanup
+cleanup_fn fuse_detach
 
 # The script run by nbdkit --run: PHASE is "create" or "check".
 cat > "$tmpdir/phase.sh" <<'EOF'
@@ -29,7 +28,7 @@ set -e
 set -u
 tmpdir=$1 uri=$2 phase=$3
 source "$tmpdir/cleanup.sh"
-trap ext4_cleanup EXIT
+trap fuse_detach EXIT
 
 fuse_attach "$uri" || { echo "nbdfuse did not come up"; exit 1; }
 [ "$(stat -c %s "$tmpdir/fuse/nbd")" -eq "$4" ] ||
@@ -108,7 +107,7 @@ else
     umount "$tmpdir/mnt"
 fi
 EOF
-declare -f ext4_cleanup fuse_detach fuse_attach wait_for > "$tmpdir/cleanup.sh"
+declare -f fuse_detach fuse_attach wait_for > "$tmpdir/cleanup.sh"
 echo "tmpdir=$(printf %q "$tmpdir")" >> "$tmpdir/cleanup.sh"
 
 size=$(( (len + 2048) * 512 ))
@@ -117,7 +116,7 @@ for phase in create check; do
     mapper -U - "$tmpdir/fs.table" \
         --run "bash '$tmpdir/phase.sh' '$tmpdir' \"\$uri\" $phase $size" ||
         die "phase $phase failed"
-    ext4_cleanup
+    fuse_detach
 done
 
 echo "$0: ok"

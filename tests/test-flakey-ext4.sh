@@ -30,10 +30,9 @@ uri="nbd+unix:///dev?socket=$sock"
 ms () { "$NBDMSETUP" -c "$ctl" "$@"; }
 mkdir "$tmpdir/fuse" "$tmpdir/mnt"
 
-detach () { fuse_detach; }
 stop_server () { stop_pidfile "$tmpdir/pid"; }
 cleanup_fn stop_server
-cleanup_fn detach
+cleanup_fn fuse_detach
 
 # attach: nbdfuse + a fresh loop device (no blocks cached from before).
 attach () { fuse_attach "$uri" || die "nbdfuse did not come up"; }
@@ -42,7 +41,6 @@ sums () { (cd "$tmpdir/mnt" && find . -type f -print0 | sort -z | xargs -0 sha25
 
 mapper -U "$sock" -P "$tmpdir/pid" "$tmpdir/dev.table" ||
     die "server did not start"
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 ms status dev || die "nbdmsetup cannot reach the server"
 
 # 1. Up: a filesystem with fsynced files.
@@ -75,7 +73,7 @@ dd if=/dev/urandom of="$tmpdir/mnt/kept/f00" bs=4k count=3 conv=notrunc,fsync \
 rm -f "$tmpdir/mnt/kept/f01"
 sync
 umount "$tmpdir/mnt"
-detach
+fuse_detach
 
 # 3. Power back: replay, check.
 ms replace dev "$tmpdir/up.table" || die "replace with the up table"
@@ -93,6 +91,6 @@ cmp "$tmpdir/kept.sums" "$tmpdir/after.sums" ||
     { diff "$tmpdir/kept.sums" "$tmpdir/after.sums" | head; \
       die "fsynced files changed or lost"; }
 umount "$tmpdir/mnt"
-detach
+fuse_detach
 
 echo "$0: ok"

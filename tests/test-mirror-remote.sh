@@ -5,8 +5,6 @@
 # shows the remote leg as D.  Then a fresh server replaces the leg ("sync"
 # table): resync completes, status is all A, and the legs are
 # byte-identical.
-#
-# Needs remote (nbd+unix://) backends: skips when this build has none.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -25,15 +23,6 @@ start_remote () { backend remote memory 32M; }
 start_remote
 leg0=$(mkfile leg0.img 32M)
 remote="nbd+unix:///?socket=$sock"
-
-# Does this build have remote backends?
-echo "0 8 linear $remote 0" > "$tmpdir/probe.table"
-if ! mapper -U - "$tmpdir/probe.table" remote-timeout=2 --run true \
-       2> "$tmpdir/probe.err"; then
-    cat "$tmpdir/probe.err"
-    echo "$0: skipped: this build has no nbd+unix:// backends"
-    exit 77
-fi
 
 cat > "$tmpdir/m.table" <<EOF
 0 65536 mirror core 2 1024 nosync 2 $leg0 0 $remote 0 1 handle_errors

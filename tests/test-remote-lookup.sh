@@ -13,10 +13,12 @@
 #  1. Both devices work (the table load looked backend.test up).
 #  2. hold; slow's server is killed: the mapper reconnects, and its
 #     lookup of backend.test is held by the DNS server.
-#  3. While that query is held, a read on fast completes.  (Before the
-#     resolver thread, libnbd's getaddrinfo ran in the loop thread: every
-#     remote device stopped until the resolver gave up, 30 s here.)
-#  4. The DNS server answers again, slow's server comes back: slow works.
+#  3. While that query is held, a read on fast completes, and one on slow
+#     waits.  (Before the resolver thread, libnbd's getaddrinfo ran in the
+#     loop thread: every remote device stopped until the resolver gave
+#     up, 30 s here.)
+#  4. The DNS server answers again, slow's server comes back: the waiting
+#     read completes, slow works.
 #
 # Skips (77) without iproute2, the right to make namespaces, or a
 # writable /etc/netns.
@@ -78,15 +80,12 @@ dns=$!
 cleanup_fn "kill $dns"
 wait_file "$tmpdir/dns.ready"
 
-# slow_server: the backend behind the host name, in the namespace.
-slow_server ()
-{
-    ip netns exec "$ns" nbdkit -i 127.0.0.1 -p 10809 -P "$tmpdir/slow.pid" \
-        memory 1M || die "backend slow: nbdkit failed"
-    wait_file "$tmpdir/slow.pid"
-}
-slow_server
+# The backend behind the host name, in the namespace; lookup.py starts
+# it again with the same command.
+slow_server="ip netns exec $ns nbdkit -i 127.0.0.1 -p 10809 -P $tmpdir/slow.pid memory 1M"
+$slow_server || die "backend slow: nbdkit failed"
 cleanup_fn "kill_backend slow"
+wait_file "$tmpdir/slow.pid"
 backend fast memory 1M
 
 echo "0 2048 linear nbd://backend.test/ 0" > "$tmpdir/slow.table"
@@ -101,7 +100,7 @@ cleanup_fn 'stop_pidfile "$tmpdir/m.pid"'
 cat > "$tmpdir/lookup.py" <<'EOF'
 import os, signal, subprocess, sys, time
 import nbd
-from nbdcheck import connect, when_back
+from nbdcheck import aio_wait, connect, when_back
 d, restart = sys.argv[1], sys.argv[2]
 sock = d + "/m.sock"
 fast, slow = connect(sock, "fast"), connect(sock, "slow")
@@ -124,29 +123,34 @@ else:
     raise AssertionError("the mapper never looked backend.test up again")
 print("2: the reconnect's lookup of backend.test is held")
 
-# 3. fast still serves while the lookup is held.
+# 3. fast still serves while the lookup is held; a read on slow waits
+#    for the name (remote-timeout=60: it neither fails nor completes).
+sbuf = nbd.Buffer(4096)
+scookie = slow.aio_pread(sbuf, 0)
 buf = nbd.Buffer(4096)
 cookie = fast.aio_pread(buf, 0)
-deadline = time.monotonic() + 20
-while not fast.aio_command_completed(cookie):
-    left = deadline - time.monotonic()
-    assert left > 0, "fast stalled while a host name was being looked up"
-    fast.poll(int(left * 1000) + 1)
+assert aio_wait(fast, cookie, 20,
+                "fast stalled while a host name was being looked up") == 0
 assert buf.to_bytearray() == b"f" * 4096
 assert os.path.exists(d + "/hold") and os.path.exists(d + "/held")
-print("3: fast served a read while the lookup was held")
+slow.poll(500)                  # take in a reply, if there is one
+assert not slow.aio_command_completed(scookie), \
+    "a read on slow completed while its host name was held"
+print("3: fast served a read while the lookup was held; slow's read waits")
 
-# 4. Answers again, the server is back: slow works (empty: memory).
+# 4. Answers again, the server is back: slow works (empty: memory), the
+#    waiting read included.
 os.unlink(d + "/hold")
 subprocess.check_call(["sh", "-c", restart])
+assert aio_wait(slow, scookie, 60, "slow's waiting read never completed") == 0
+assert sbuf.to_bytearray() == bytes(4096)
 when_back(slow.pread, 4096, 0, seconds=60)
 slow.pwrite(b"t" * 4096, 0)
 assert slow.pread(4096, 0) == b"t" * 4096
 print("4: slow is back")
 EOF
 cd "$tmpdir"
-restart="ip netns exec $ns nbdkit -i 127.0.0.1 -p 10809 -P $tmpdir/slow.pid memory 1M"
-timeout 300 python3 "$tmpdir/lookup.py" "$tmpdir" "$restart" ||
+timeout 300 python3 "$tmpdir/lookup.py" "$tmpdir" "$slow_server" ||
     die "a held DNS lookup"
 stop_pidfile "$tmpdir/m.pid"
 echo "test-remote-lookup: ok"

@@ -3,8 +3,9 @@
 # with one connection: requests (retried ones included) are served, the
 # writes acknowledged before the loss make the next flush fail with EIO
 # once, and the other connections are not reopened.  A server that comes
-# back read-only still breaks a promise of the first handshake: it is not
-# used (requests fail with EIO) until a writable one is back.
+# back read-only, smaller or without flush breaks a promise of the first
+# handshake: it is not used (requests fail with EIO) until one that keeps
+# them is back.
 #
 # The server is nbdkit eval over a file (dd), whose can_multi_conn we
 # choose; nbdkit 1.32's multi-conn filter asserts when a client closes a
@@ -20,16 +21,18 @@ requires timeout --version
 
 f=$(mkfile r.img 4M)
 # server MULTI-CONN [NBDKIT-OPTIONS...]: (re)start the backend r on $f,
-# allowing multi-conn (yes) or not (no).
+# allowing multi-conn (yes) or not (no); of size $size if set, without
+# flush if $noflush is set.
 server ()
 {
-    local mc=3
+    local mc=3 fl=0
     [ "$1" = yes ] && mc=0
+    [ -z "${noflush:-}" ] || fl=3
     shift
-    backend r "$@" eval get_size='echo 4194304' \
+    backend r "$@" eval get_size="echo ${size:-4194304}" \
         pread="dd if='$f' skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none" \
         pwrite="dd of='$f' seek=\$4 conv=notrunc oflag=seek_bytes status=none" \
-        can_write='exit 0' can_flush='exit 0' flush="sync '$f'" \
+        can_write='exit 0' can_flush="exit $fl" flush="sync '$f'" \
         can_multi_conn="exit $mc"
 }
 server yes                      # remote-connections (4) connections
@@ -39,8 +42,7 @@ uri="nbd+unix:///?socket=$sock"
 log=$tmpdir/mapper.log
 mapper -v -D nbdkit.backend.datapath=0 -U "$sock" -P "$tmpdir/mapper.pid" \
     remote-timeout=3 "$tmpdir/d.table" 2> "$log"
-cleanup_fn 'kill $(cat "$tmpdir/mapper.pid") 2>/dev/null'
-wait_file "$tmpdir/mapper.pid"
+cleanup_fn 'stop_pidfile "$tmpdir/mapper.pid"'
 ms () { timeout 120 nbdsh -u "$uri" "$@"; }
 
 ms -c 'h.pwrite(b"A" * 65536, 0)' -c 'h.flush()'
@@ -52,7 +54,7 @@ ms -c 'h.pwrite(b"B" * 4096, 65536)'          # acknowledged, not flushed
 kill_backend r KILL
 server no
 ms -c '
-from nbdcheck import fails_eio
+from nbdcheck import aio_wait, fails_eio
 assert h.pread(4096, 65536) == b"B" * 4096     # retried on the one left
 assert fails_eio(h.flush), "flush after the lost connections succeeded"
 h.flush()                                       # once only
@@ -60,8 +62,7 @@ h.flush()                                       # once only
 cookies = [h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray([i]) * 4096),
                         (32 + i) * 4096) for i in range(64)]
 for c in cookies:
-    while not h.aio_command_completed(c):
-        h.poll(-1)
+    assert aio_wait(h, c) == 0
 h.flush()
 for i in range(64):
     assert h.pread(4096, (32 + i) * 4096) == bytes([i]) * 4096
@@ -71,6 +72,8 @@ line=$(grep -n 'no longer allows multi-conn' "$log" | cut -d: -f1)
     { grep 'nbd+unix' "$log" | tail -30; die "no multi-conn: not once in the log"; }
 grep 'no longer allows multi-conn' "$log"
 kept=$(sed -n "${line}s/.*connection \([0-9]*\) only.*/\1/p" "$log")
+# Without it, the check below would take every connection for another.
+[ -n "$kept" ] || die "no multi-conn: the log does not say which connection"
 others=$(tail -n +"$((line + 1))" "$log" |
          grep -E 'connection [0-9]+ -> (connecting|up)' |
          grep -v "connection $kept " || :)
@@ -78,15 +81,27 @@ others=$(tail -n +"$((line + 1))" "$log" |
 cmp -n 65536 "$f" <(head -c 65536 /dev/zero | tr '\0' A) || die "data lost"
 echo "no multi-conn: one connection (number $kept) serves the device"
 
-# Back read-only: refused; back writable: used again.
-kill_backend r KILL
-server no -r
-ms -c '
+# refused WHY MULTI-CONN [NBDKIT-OPTIONS...]: the backend comes back as
+# "server MULTI-CONN NBDKIT-OPTIONS", which breaks a promise of the first
+# handshake: WHY in the log once the mapper has tried it, and not used (a
+# read fails with EIO).
+refused ()
+{
+    local why=$1; shift
+    kill_backend r KILL
+    server "$@"
+    wait_for grep -q "reconnected, but $why: not using it" "$log" ||
+        { grep 'nbd+unix' "$log" | tail -30; die "$why: not refused"; }
+    ms -c '
 from nbdcheck import fails_eio
 assert fails_eio(h.pread, 4096, 0), "read through a refused connection worked"
-' || die "read-only server: the read did not fail with EIO"
-grep -q 'reconnected, but the export became read-only: not using it' "$log" ||
-    { grep 'nbd+unix' "$log" | tail -30; die "read-only server: not refused"; }
+' || die "$why: the read did not fail with EIO"
+}
+# Back read-only, smaller, without flush: refused; back as it was: used
+# again.
+refused "the export became read-only" no -r
+size=2097152 refused "the export shrank" no
+noflush=1 refused "the export lost a capability" no
 kill_backend r KILL
 server no
 ms -c '
@@ -96,7 +111,7 @@ assert data == bytes(4096)
 h.pwrite(b"C" * 4096, 0)
 h.flush()
 ' || die "writable server back: the device failed"
-echo "read-only server refused; writable one used again"
+echo "read-only, smaller, flushless servers refused; the writable one used again"
 # The mapper first: its connections would hold the backend's exit up.
-kill "$(cat "$tmpdir/mapper.pid")"
+stop_pidfile "$tmpdir/mapper.pid"
 echo "$0: ok"

@@ -76,7 +76,6 @@ start_mapper ()
         -U "$sock" -P "$tmpdir/mapper.pid" remote-timeout="$1" \
         "$tmpdir/remote.table" "$tmpdir/local.table" 2> "$2" ||
         { cat "$2"; die "nbdkit mapper failed to start"; }
-    wait_file "$tmpdir/mapper.pid"
 }
 stop_mapper () { stop_pidfile "$tmpdir/mapper.pid"; }
 cleanup_fn stop_mapper
@@ -122,7 +121,7 @@ start_mapper 3 "$tmpdir/mapper2.log"
 cat > "$tmpdir/down.py" <<'EOF'
 import errno, os, re, subprocess, sys, time
 import nbd
-from nbdcheck import connect, fails_eio as eio, when_back
+from nbdcheck import aio_wait, connect, fails_eio as eio, when_back
 sock, nsa, img, pidfile, log = sys.argv[1:6]
 timeout = int(sys.argv[6])
 nbdmsetup = sys.argv[7]
@@ -142,15 +141,6 @@ def conn(name):
 
 def link(state):
     subprocess.check_call(["ip", "-n", nsa, "link", "set", "va", state])
-
-def wait(h, cookie):
-    """Wait for an aio command; its errno, or 0."""
-    try:
-        while not h.aio_command_completed(cookie):
-            h.poll(-1)
-    except nbd.Error as e:
-        return e.errnum
-    return 0
 
 def log_text():
     with open(log) as fp:
@@ -182,8 +172,8 @@ for i in range(32):
 for i in range(32):
     assert loc.pread(512, i * 512) == bytes([97 + i % 26]) * 512
 loc.flush()
-assert wait(r, rd) == errno.EIO, "read over a cut link did not fail with EIO"
-assert wait(r, wr) == errno.EIO, "write over a cut link did not fail with EIO"
+assert aio_wait(r, rd) == errno.EIO, "read over a cut link did not fail with EIO"
+assert aio_wait(r, wr) == errno.EIO, "write over a cut link did not fail with EIO"
 print("cut link: read and write failed with EIO")
 # Each connection looks up until a request on it stalls: read until
 # every one was dropped.

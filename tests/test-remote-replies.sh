@@ -45,21 +45,23 @@ served ()
         sed -nE "s/.* connection=([0-9]+) $1 id=.*/\1/p" | sort -un
 }
 : "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
+# up_now N: the backend has N of its 4 connections up; if not, a read
+# through the mapper (to wake its reconnects).
+up_now ()
+{
+    "$NBDMSETUP" -c "nbd+unix:///control?socket=$tmpdir/m.sock" \
+        status --backends > "$tmpdir/status.out" &&
+        grep -q "$1/4 connections up" "$tmpdir/status.out" && return 0
+    python3 -c 'import sys; from nbdcheck import connect
+try: connect(sys.argv[1], "d").pread(512, 0)
+except Exception: pass' "$tmpdir/m.sock"
+    return 1
+}
 # wait_up N: until the backend has N of its 4 connections up.
 wait_up ()
 {
-    local i
-    for (( i = 0; i < 300; i++ )); do
-        "$NBDMSETUP" -c "nbd+unix:///control?socket=$tmpdir/m.sock" \
-            status --backends > "$tmpdir/status.out" &&
-            grep -q "$1/4 connections up" "$tmpdir/status.out" && return 0
-        python3 -c 'import sys; from nbdcheck import connect
-try: connect(sys.argv[1], "d").pread(512, 0)
-except Exception: pass' "$tmpdir/m.sock"
-        sleep 0.1
-    done
-    cat "$tmpdir/status.out"
-    die "the backend did not get $1/4 connections up"
+    wait_for up_now "$1" ||
+        { cat "$tmpdir/status.out"; die "the backend did not get $1/4 connections up"; }
 }
 
 cat > "$tmpdir/io.py" <<'EOF'

@@ -90,8 +90,10 @@ check_bad (const char *spec, const char *msg)
   char *key = NULL;
   int r = nbd_backend_normalize (spec, &key, &err);
 
-  CHECKF (r == -EINVAL && strstr (err.msg, msg), "%s: r=%d '%s'", spec, r,
-          err.msg);
+  /* The message names the URI; nothing is returned. */
+  CHECKF (r == -EINVAL && strstr (err.msg, msg) &&
+          strncmp (err.msg, spec, strlen (spec)) == 0 && key == NULL,
+          "%s: r=%d '%s'", spec, r, err.msg);
   free (key);
 }
 
@@ -112,9 +114,14 @@ test_normalize (void)
   check_key ("nbd+unix:///e?tls-x=1&socket=/no/such/s&",
              "nbd+unix:///e?socket=/no/such/s&tls-x=1");
   check_key ("nbd+unix://?socket=/a%20b", "nbd+unix:///?socket=/a%20b");
+  check_key ("nbd://h:/e", "nbd://h/e");          /* an empty port */
   CHECK (getcwd (cwd, sizeof cwd) != NULL);
   want = unit_sprintf ("nbds+unix://bob@/?socket=%s/rel.sock", cwd);
   check_key ("nbds+unix://bob@/?socket=rel.sock", want);
+  free (want);
+  /* The TLS file parameters are local paths too. */
+  want = unit_sprintf ("nbds://h/?tls-psk-file=%s/k.psk", cwd);
+  check_key ("nbds://h/?tls-psk-file=k.psk", want);
   free (want);
   check_bad ("nbd+unix:///", "needs ?socket=PATH");
   check_bad ("nbd+unix://h/?socket=/s", "takes no host");
@@ -122,6 +129,12 @@ test_normalize (void)
   check_bad ("nbd://h/#x", "fragment");
   check_bad ("nbd+unix:///?socket=%4", "bad or empty value");
   check_bad ("nbd+unix:///?socket=", "bad or empty value");
+  check_bad ("nbd+unix:///?socket", "bad or empty value for 'socket'");
+  check_bad ("nbds://h/?tls-psk-file=", "bad or empty value for 'tls-psk-file'");
+  check_bad ("nbds://h/?tls-certificates",
+             "bad or empty value for 'tls-certificates'");
+  check_bad ("nbds+unix://bob@h/?socket=/s", "takes no host");
+  check_bad ("nbd://alice@/", "needs a host");
 }
 
 /* I/O through a device over uri, the loop stopped after each round.
