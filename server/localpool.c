@@ -26,7 +26,8 @@ static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static struct clone *head, **tail = &head;      /* FIFO, by qnext */
 static pthread_t threads[LOCALPOOL_THREADS];
 static unsigned nr_threads;     /* started */
-static unsigned nr_idle;        /* waiting for work */
+static unsigned nr_idle;        /* waiting for work, or woken for it */
+static unsigned nr_queued;      /* clones in the FIFO */
 static bool stopping;
 
 static __thread bool in_pool;
@@ -49,6 +50,7 @@ pool_thread (void *arg)
     head = c->qnext;
     if (head == NULL)
       tail = &head;
+    nr_queued--;
     pthread_mutex_unlock (&lock);
     c->be->ops->submit (c->be, c);      /* completes it: clone_done */
     pthread_mutex_lock (&lock);
@@ -65,7 +67,11 @@ localpool_submit (struct clone *c)
   /* A pool thread never waits for the pool (no deadlock by nesting). */
   if (in_pool || stopping)
     return false;
-  if (nr_idle == 0 && nr_threads < LOCALPOOL_THREADS) {
+  /* A thread for every queued clone: an idle thread already woken for
+   * an earlier clone still counts in nr_idle until it runs, so compare
+   * with what is queued, not with zero.
+   */
+  if (nr_queued >= nr_idle && nr_threads < LOCALPOOL_THREADS) {
     if (mapper_thread_create (&threads[nr_threads], pool_thread,
                               "mapper-local") == 0)
       nr_threads++;
@@ -75,6 +81,7 @@ localpool_submit (struct clone *c)
   c->qnext = NULL;
   *tail = c;
   tail = &c->qnext;
+  nr_queued++;
   pthread_cond_signal (&cond);
   return true;
 }

@@ -49,11 +49,12 @@ static const struct backend_ops test_ops = {
   .kind = "test", .submit = test_submit,
 };
 
-/* A device that waits: its flush returns only once every one of
- * nr_devices flushes is in progress at the same time (or after 10 s, a
- * failure: they ran one after the other).  Records the threads used.
+/* A device that waits: its flush returns only once dev_want flushes are
+ * in progress at the same time (or after 10 s, a failure: they ran one
+ * after the other).  Records the threads used.
  */
 enum { nr_devices = 4 };
+static int dev_want = nr_devices;
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t dev_cond = PTHREAD_COND_INITIALIZER;
 static int dev_running, dev_max_running, dev_timeouts;
@@ -77,7 +78,7 @@ device_submit (struct backend *be, struct clone *c)
   dev_running++;
   dev_max_running = MAX (dev_max_running, dev_running);
   pthread_cond_broadcast (&dev_cond);
-  while (dev_max_running < nr_devices)
+  while (dev_max_running < dev_want)
     if (pthread_cond_timedwait (&dev_cond, &dev_lock, &until) == ETIMEDOUT) {
       dev_timeouts++;
       break;
@@ -217,6 +218,19 @@ main (void)
       devp[i] = &devs[i];
       write_done (&devs[i]);
     }
+    /* First two devices: the pool gets one thread, which then waits
+     * for work.  A pool that counted a thread it had already woken as
+     * still idle would hand the next flush's three pool clones to that
+     * one thread, one after the other.
+     */
+    dev_want = 2;
+    CHECK (io_flush_backends (devp, 2) == 0);
+    CHECK (dev_timeouts == 0 && dev_max_running == 2);
+    usleep (100000);                    /* the pool thread goes idle */
+    write_done (&devs[0]);
+    write_done (&devs[1]);
+    dev_want = nr_devices;
+    dev_max_running = dev_nr_threads = 0;
     CHECK (io_flush_backends (devp, nr_devices) == 0);
     CHECK (dev_timeouts == 0);
     CHECK (dev_max_running == nr_devices);
