@@ -17,14 +17,27 @@
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct backend *registry;
 
+static void backend_close (struct backend *be);
+
+/* The registry entry for key, with a new reference; NULL if none. */
+static struct backend *
+registry_find_locked (const char *key)
+{
+  for (struct backend *be = registry; be; be = be->next)
+    if (strcmp (be->key, key) == 0) {
+      be->refs++;
+      return be;
+    }
+  return NULL;
+}
+
 int
 backend_get (const char *spec, struct backend **out, struct mapper_err *err)
 {
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&registry_lock);
   CLEANUP_FREE char *canonical = NULL;
   CLEANUP_FREE char *key = NULL;
   enum { KIND_DEVICE, KIND_NBD, KIND_FILE } kind;
-  struct backend *be;
+  struct backend *be, *other;
   struct stat st;
   int r;
 
@@ -67,13 +80,19 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
     }
   }
 
-  for (be = registry; be; be = be->next)
-    if (strcmp (be->key, key) == 0) {
-      be->refs++;
-      *out = be;
-      return 0;
-    }
+  pthread_mutex_lock (&registry_lock);
+  be = registry_find_locked (key);
+  pthread_mutex_unlock (&registry_lock);
+  if (be) {
+    *out = be;
+    return 0;
+  }
 
+  /* Opened without the lock: a remote backend connects here (up to
+   * remote-timeout), and a stacked one looks its device up
+   * (devices_lock); neither may stall every other table's build and
+   * free meanwhile.
+   */
   switch (kind) {
   case KIND_DEVICE: r = device_backend_open (spec, &be, err); break;
   case KIND_NBD: r = nbd_backend_open (key, &be, err); break;
@@ -86,8 +105,19 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
   key = NULL;
   backend_flush_init (be);
   be->refs = 1;
-  be->next = registry;
-  registry = be;
+
+  pthread_mutex_lock (&registry_lock);
+  other = registry_find_locked (be->key);
+  if (other == NULL) {
+    be->next = registry;
+    registry = be;
+  }
+  pthread_mutex_unlock (&registry_lock);
+  if (other) {
+    /* Someone opened the same backend meanwhile: share theirs. */
+    backend_close (be);
+    be = other;
+  }
   *out = be;
   return 0;
 }
@@ -101,18 +131,29 @@ backend_hold (struct backend *be)
   be->refs++;
 }
 
-void
-backend_put (struct backend *be)
+/* Close a backend out of the registry (no lock held: closing a stacked
+ * device's backend may free that device's tables, which put theirs).
+ */
+static void
+backend_close (struct backend *be)
 {
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&registry_lock);
-  struct backend **p;
-
-  if (--be->refs > 0)
-    return;
-  for (p = &registry; *p != be; p = &(*p)->next)
-    ;
-  *p = be->next;
   free (be->key);
   backend_flush_destroy (be);
   be->ops->close (be);
+}
+
+void
+backend_put (struct backend *be)
+{
+  struct backend **p;
+
+  {
+    ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&registry_lock);
+    if (--be->refs > 0)
+      return;
+    for (p = &registry; *p != be; p = &(*p)->next)
+      ;
+    *p = be->next;
+  }
+  backend_close (be);
 }

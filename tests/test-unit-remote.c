@@ -8,7 +8,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -137,6 +139,78 @@ test_normalize (void)
   check_bad ("nbd://alice@/", "needs a host");
 }
 
+/* A table connecting to a server that never answers its handshake must
+ * not hold up other tables being built (the backend registry's lock was
+ * held across the connect, up to remote-timeout).
+ */
+struct slow_parse {
+  char *text;
+  atomic_bool done;
+  int r;
+};
+
+static void *
+slow_parse_thread (void *arg)
+{
+  struct slow_parse *sp = arg;
+  struct mapper_err err = { "" };
+  struct table *t = NULL;
+
+  sp->r = table_parse (sp->text, "silent", &t, &err);
+  table_free (t);
+  atomic_store (&sp->done, true);
+  return NULL;
+}
+
+static void
+test_connect_does_not_block_registry (void)
+{
+  struct sockaddr_in a = {
+    .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK),
+  };
+  socklen_t len = sizeof a;
+  struct slow_parse sp = { .r = 0 };
+  struct mapper_err err = { "" };
+  struct table *t;
+  pthread_t th;
+  const char *file = unit_path ("local.img");
+  char *text;
+  int s, r;
+
+  /* Listens (the kernel completes TCP connects) but never accepts or
+   * answers: the handshake waits for remote-timeout.
+   */
+  s = socket (AF_INET, SOCK_STREAM, 0);
+  if (s == -1 || bind (s, (struct sockaddr *) &a, sizeof a) == -1 ||
+      listen (s, 16) == -1 ||
+      getsockname (s, (struct sockaddr *) &a, &len) == -1)
+    UNIT_FATAL ("silent listener: %m");
+  engine_set_remote (0, 3);
+  sp.text = unit_sprintf ("0 2048 linear nbd://127.0.0.1:%d/ 0\n",
+                          ntohs (a.sin_port));
+  atomic_init (&sp.done, false);
+  if (pthread_create (&th, NULL, slow_parse_thread, &sp) != 0)
+    UNIT_FATAL ("pthread_create");
+  /* Let the connect start (the outcome does not depend on it: either
+   * order passes only if neither waits for the other).
+   */
+  usleep (200000);
+  unit_write_file (file, NULL, 1 << 20);
+  text = unit_sprintf ("0 2048 linear %s 0\n", file);
+  r = table_parse (text, "local", &t, &err);
+  CHECKF (r == 0, "%s", err.msg);
+  /* Built while the other is still connecting. */
+  CHECKF (!atomic_load (&sp.done), "a local table waited for a remote "
+          "backend's connect to time out");
+  table_free (t);
+  pthread_join (th, NULL);
+  CHECKF (sp.r < 0, "the silent server's table loaded");
+  close (s);
+  engine_set_remote (0, 30);
+  free (text);
+  free (sp.text);
+}
+
 /* I/O through a device over uri, the loop stopped after each round.
  * With a host name in uri, the connections after the probe are made by
  * the resolver thread, and engine_stop may find lookups under way.
@@ -205,6 +279,7 @@ main (void)
   int port;
 
   test_normalize ();
+  test_connect_does_not_block_registry ();
 
   if (system ("nbdkit --version >/dev/null 2>&1") != 0) {
     printf ("%s: skipped: no nbdkit\n", __FILE__);
