@@ -43,6 +43,11 @@ struct backend_ops {
    * returns bytes needed (snprintf style).
    */
   size_t (*status) (struct backend *be, char *buf, size_t len);
+  /* Optional: the latest error stamp (flush.c) of what the backend
+   * reaches besides itself (a stacked device's own backends), so that a
+   * flush skipping a clean stacked device still reports them.
+   */
+  uint64_t (*errseq) (struct backend *be);
   void (*close) (struct backend *be);
 };
 
@@ -75,10 +80,14 @@ struct backend {
   uint64_t done_seq;            /* number of the last finished flush */
   uint64_t failed_seq;          /* number of the last failed flush */
   uint64_t flushed_gen;         /* covered by the last good flush */
-  bool lost_writes;             /* fail the next flush with EIO, once */
   uint64_t lost_seq;            /* flushes up to this one were running
                                    when writes were lost: they fail */
   uint64_t nr_flushes;          /* flushes sent to the backend */
+  /* The error clock's stamp of the last failed flush or lost write
+   * (flush.c): observers that sampled the clock before it fail their
+   * next flush once.
+   */
+  _Atomic uint64_t err_seq;
 };
 
 /* flush.c */
@@ -88,6 +97,16 @@ void backend_flush_destroy (struct backend *be);
  * flushed may be gone, so the next flush covering it fails with EIO.
  */
 void backend_writes_lost (struct backend *be);
+/* The error clock now: an observer's starting point. */
+uint64_t errseq_sample (void);
+/* be's latest error stamp, including a stacked device's backends. */
+uint64_t backend_errseq (struct backend *be);
+/* A device dropped be at a swap: keep its errors for the device's
+ * observers, whose flushes no longer reach it.
+ */
+void errseq_note_dropped (_Atomic uint64_t *dev_err, struct backend *be);
+/* An observer flushed having sampled the clock at sample. */
+void errseq_seen (_Atomic uint64_t *seen, uint64_t sample);
 
 /* backend.c: the registry. */
 int backend_get (const char *spec, struct backend **out,

@@ -20,13 +20,8 @@ DEFINE_VECTOR_TYPE (device_vector, struct device *);
  * callbacks may use the accessors that take it.  Order: devices_lock
  * before any dev->lock.
  *
- * The backend registry lock (backend.c) is not in one order with these:
- * status --backends takes devices_lock, dev->lock, then the registry
- * lock (backend_hold/put), while opening a "mapper:NAME" backend holds
- * the registry lock and takes devices_lock (device_open_conn).  Both run
- * only for control commands, which the plugin serialises (control_lock
- * in plugins/mapper/control.c); a caller that ran either outside it
- * could deadlock.
+ * The backend registry lock (backend.c) is never held while a backend is
+ * opened or closed, so it nests inside these and never around them.
  */
 static pthread_mutex_t devices_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static device_vector devices;          /* in creation order */
@@ -243,6 +238,8 @@ device_create (const char *name, struct device **out, struct mapper_err *err)
   atomic_init (&dev->open_count, 0);
   atomic_init (&dev->stack_holders, 0);
   atomic_init (&dev->refs, 1);  /* the registry's */
+  atomic_init (&dev->flush_seen, errseq_sample ());
+  atomic_init (&dev->dropped_err, 0);
   index_add (&by_name, dev);
   *out = dev;
   return 0;
@@ -316,6 +313,24 @@ device_name (const struct device *dev)
   return dev->name;
 }
 
+uint64_t
+device_errseq_sample (void)
+{
+  return errseq_sample ();
+}
+
+uint64_t
+device_errseq (struct device *dev)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  uint64_t e = atomic_load (&dev->dropped_err);
+
+  if (dev->live)
+    for (size_t i = 0; i < dev->live->backends.len; i++)
+      e = MAX (e, backend_errseq (dev->live->backends.ptr[i]));
+  return e;
+}
+
 /* --- the request gate ------------------------------------------------ */
 
 struct table *
@@ -350,12 +365,26 @@ device_exit (struct device *dev)
   }
 }
 
-/* Stop admitting requests and wait for those in flight.  Called with
- * dev->lock held.
+/* Let requests in again on the live table (dev->lock held). */
+static void
+unsuspend_locked (struct device *dev)
+{
+  table_resume (dev->live);     /* background work (mirror resync) */
+  atomic_store (&dev->suspended, false);
+  pthread_cond_broadcast (&dev->cond);
+}
+
+/* Stop admitting requests and wait for those in flight, then (unless
+ * noflush) make what they wrote durable.  A failed flush fails the
+ * suspend and leaves the device as it was, running (dm's
+ * __dm_suspend): a suspended device is one whose writes are known
+ * durable.  Called with dev->lock held.
  */
 static int
 suspend_locked (struct device *dev, bool noflush)
 {
+  int r;
+
   if (atomic_load (&dev->suspended))
     return 0;
   atomic_store (&dev->suspended, true);
@@ -371,10 +400,12 @@ suspend_locked (struct device *dev, bool noflush)
    */
   if (dev->live)
     table_postsuspend (dev->live);
-  if (!noflush && dev->live)
-    return io_flush_backends (dev->live->backends.ptr,
-                              dev->live->backends.len);
-  return 0;
+  if (noflush || dev->live == NULL)
+    return 0;
+  r = io_flush_backends (dev->live->backends.ptr, dev->live->backends.len);
+  if (r < 0)
+    unsuspend_locked (dev);
+  return r;
 }
 
 int
@@ -444,6 +475,196 @@ device_check_table (struct device *dev, const struct table *t,
   return check_stack (dev, t, path, 1, err);
 }
 
+/* --- stacking: the tables that hold a device ---------------------- */
+
+/* Called for each table of another device that stacks on lower, with
+ * what it maps of it; nonzero stops the walk.
+ */
+typedef int (*holder_fn) (struct device *holder, bool inactive,
+                          const struct stack_use *u, void *opaque);
+
+/* Walk the live and inactive tables of every other device, under
+ * devices_lock and, one at a time, each device's lock (the documented
+ * order).  Control-plane only: O(devices) when lower is held at all.
+ */
+static int
+foreach_holder (struct device *lower, holder_fn fn, void *opaque)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+  int r = 0;
+
+  if (atomic_load (&lower->stack_holders) == 0)
+    return 0;
+  for (size_t i = 0; i < devices.len && r == 0; i++) {
+    struct device *d = devices.ptr[i];
+    const struct table *slots[2];
+
+    if (d == lower)
+      continue;
+    pthread_mutex_lock (&d->lock);
+    slots[0] = d->live;
+    slots[1] = d->inactive;
+    for (int s = 0; s < 2 && r == 0; s++)
+      for (size_t j = 0; slots[s] && j < slots[s]->stack_uses.len && r == 0;
+           j++) {
+        const struct stack_use *u = &slots[s]->stack_uses.ptr[j];
+        if (device_backend_device (u->be) == lower)
+          r = fn (d, s == 1, u, opaque);
+      }
+    pthread_mutex_unlock (&d->lock);
+  }
+  return r;
+}
+
+struct holders_text {
+  FILE *fp;
+  unsigned n;
+  bool names_only;
+};
+
+static int
+holders_text_one (struct device *holder, bool inactive,
+                  const struct stack_use *u, void *opaque)
+{
+  struct holders_text *h = opaque;
+
+  if (h->names_only)
+    fprintf (h->fp, "%s%s", h->n ? "\t" : "", holder->name);
+  else
+    fprintf (h->fp, "%s'%s'%s", h->n ? ", " : "", holder->name,
+             inactive ? " (its inactive table)" : "");
+  h->n++;
+  return 0;
+}
+
+/* The holders of dev as "'up', 'x' (its inactive table)", or with
+ * names_only as "up\tx"; malloc'd ("" for none), NULL if out of memory.
+ * *n: how many.
+ */
+static char *
+holders_text (struct device *dev, bool names_only, unsigned *n)
+{
+  struct holders_text h = { .names_only = names_only };
+  char *buf = NULL;
+  size_t len = 0;
+
+  h.fp = open_memstream (&buf, &len);
+  if (h.fp == NULL)
+    return NULL;
+  foreach_holder (dev, holders_text_one, &h);
+  if (fclose (h.fp) == EOF) {
+    free (buf);
+    return NULL;
+  }
+  if (n)
+    *n = h.n;
+  return buf;
+}
+
+char *
+device_holders (struct device *dev)
+{
+  return holders_text (dev, true, NULL);
+}
+
+/* -EBUSY naming the holders if another device's table stacks on dev
+ * (what it would do to dev is in what, "removed"), else 0.
+ */
+static int
+refuse_if_held (struct device *dev, const char *what, struct mapper_err *err)
+{
+  unsigned n = 0;
+  char *text = holders_text (dev, false, &n);
+
+  if (text == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  if (n > 0) {
+    mapper_err_set (err, "device '%s' is in use by device%s %s as "
+                    DEVICE_BACKEND_PREFIX "%s: it cannot be %s until %s "
+                    "reloaded without it or removed", dev->name,
+                    n == 1 ? "" : "s", text, dev->name, what,
+                    n == 1 ? "that table is" : "those tables are");
+    free (text);
+    return -EBUSY;
+  }
+  free (text);
+  return 0;
+}
+
+struct holder_check {
+  struct device *lower;
+  const struct table *t;
+  struct mapper_err *err;
+};
+
+static int
+holder_check_one (struct device *holder, bool inactive,
+                  const struct stack_use *u, void *opaque)
+{
+  struct holder_check *hc = opaque;
+  const struct mapper_caps *c = &hc->t->caps;
+
+  if (u->end > c->size) {
+    mapper_err_set (hc->err, "device '%s' maps " DEVICE_BACKEND_PREFIX
+                    "%s up to sector %" PRIu64 " in its %s table, but the "
+                    "new table of '%s' has only %" PRIu64 " sectors: "
+                    "reload '%s' first", holder->name, hc->lower->name,
+                    u->end >> MAPPER_SECTOR_SHIFT,
+                    inactive ? "inactive" : "live", hc->lower->name,
+                    c->size >> MAPPER_SECTOR_SHIFT, holder->name);
+    return -EBUSY;
+  }
+  if ((u->align & (c->block_min - 1)) != 0) {
+    mapper_err_set (hc->err, "device '%s' maps areas of "
+                    DEVICE_BACKEND_PREFIX "%s in its %s table that are not "
+                    "aligned to the new table's minimum block size (%"
+                    PRIu32 " bytes): reload '%s' first", holder->name,
+                    hc->lower->name, inactive ? "inactive" : "live",
+                    c->block_min, holder->name);
+    return -EBUSY;
+  }
+  return 0;
+}
+
+int
+device_check_holders (struct device *dev, const struct table *t,
+                      struct mapper_err *err)
+{
+  struct holder_check hc = { .lower = dev, .t = t, .err = err };
+
+  return foreach_holder (dev, holder_check_one, &hc);
+}
+
+/* The checks a table must pass to become dev's live table: no cycle, and
+ * every device stacked on dev still finds what it maps.
+ */
+static int
+check_new_live (struct device *dev, const struct table *t,
+                struct mapper_err *err)
+{
+  int r = device_check_table (dev, t, err);
+
+  if (r == 0)
+    r = device_check_holders (dev, t, err);
+  return r;
+}
+
+int
+device_check_resume (struct device *dev, struct mapper_err *err)
+{
+  struct table *t;
+
+  /* The inactive slot changes only by control commands, which the
+   * caller serialises: it stays what is checked here.
+   */
+  pthread_mutex_lock (&dev->lock);
+  t = dev->inactive;
+  pthread_mutex_unlock (&dev->lock);
+  return t ? check_new_live (dev, t, err) : 0;
+}
+
 int
 device_load (struct device *dev, struct table *t)
 {
@@ -463,31 +684,108 @@ device_load (struct device *dev, struct table *t)
   return 0;
 }
 
-int
-device_resume (struct device *dev, struct mapper_err *err)
+/* The backends of old that new does not use: only their data needs an
+ * explicit flush at a swap.  Shared ones stay covered by the clients'
+ * own flushes, which go to the new table's backends (backends are
+ * shared objects, so pointer equality is identity).
+ */
+static int
+dropped_backends (const struct table *old, const struct table *new,
+                  backend_vector *out)
 {
+  if (old == NULL)
+    return 0;
+  for (size_t i = 0; i < old->backends.len; i++) {
+    bool kept = false;
+    for (size_t j = 0; j < new->backends.len && !kept; j++)
+      kept = old->backends.ptr[i] == new->backends.ptr[j];
+    if (!kept && backend_vector_append (out, old->backends.ptr[i]) == -1)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
+/* After a swap: make what the old table wrote to the backends the new
+ * one no longer uses durable (the old table still holds them), since no
+ * client flush reaches them any more.  Errors on them that the clients
+ * would have been told of at their next flush stay the device's to tell
+ * (device_flush_errseq).  0, or -errno with err filled: the swap stands.
+ */
+static int
+flush_dropped (struct device *dev, backend_vector *dropped,
+               struct mapper_err *err)
+{
+  int r = 0;
+
+  if (dropped->len)
+    r = io_flush_backends (dropped->ptr, dropped->len);
+  for (size_t i = 0; i < dropped->len; i++)
+    errseq_note_dropped (&dev->dropped_err, dropped->ptr[i]);
+  backend_vector_reset (dropped);
+  if (r < 0)
+    mapper_err_set (err, "device '%s': the new table is live, but "
+                    "flushing the backends it no longer uses failed: %s: "
+                    "writes made to them through the old table may be lost",
+                    dev->name, mapper_strerror (-r));
+  return r;
+}
+
+int
+device_resume_swapped (struct device *dev, bool *swapped,
+                       struct mapper_err *err)
+{
+  backend_vector dropped = empty_vector;
   struct table *old = NULL;
+  int r;
+
+  if (swapped)
+    *swapped = false;
+  if ((r = device_check_resume (dev, err)) < 0)
+    return r;
 
   pthread_mutex_lock (&dev->lock);
   if (dev->inactive) {
-    /* Swap only with nothing in flight. */
-    suspend_locked (dev, false);
+    if (dropped_backends (dev->live, dev->inactive, &dropped) < 0) {
+      pthread_mutex_unlock (&dev->lock);
+      backend_vector_reset (&dropped);
+      mapper_err_set (err, "out of memory");
+      return -ENOMEM;
+    }
+    /* Swap only with nothing in flight and what the live table wrote
+     * durable: if that flush fails, the device carries on as it was and
+     * the new table stays inactive (dm's do_resume).
+     */
+    if ((r = suspend_locked (dev, false)) < 0) {
+      pthread_mutex_unlock (&dev->lock);
+      backend_vector_reset (&dropped);
+      mapper_err_set (err, "device '%s': flush before the swap failed: %s: "
+                      "the live table stays, the new one inactive",
+                      dev->name, mapper_strerror (-r));
+      return r;
+    }
     old = dev->live;
     dev->live = dev->inactive;
     dev->inactive = NULL;
     dev->event_nr++;
+    if (swapped)
+      *swapped = true;
   }
   if (dev->live == NULL) {
     pthread_mutex_unlock (&dev->lock);
     mapper_err_set (err, "device '%s' has no table to resume", dev->name);
     return -ENXIO;
   }
-  table_resume (dev->live);
-  atomic_store (&dev->suspended, false);
-  pthread_cond_broadcast (&dev->cond);
+  unsuspend_locked (dev);
   pthread_mutex_unlock (&dev->lock);
+  r = flush_dropped (dev, &dropped, err);
   table_free (old);
-  return 0;
+  return r;
+}
+
+int
+device_resume (struct device *dev, struct mapper_err *err)
+{
+  return device_resume_swapped (dev, NULL, err);
 }
 
 bool
@@ -649,6 +947,11 @@ device_remove (struct device *dev, bool force, struct mapper_err *err)
   unsigned open;
   int r;
 
+  /* Even forced: the holder's table would lose its device, and the
+   * next start from tables=DIR would refuse it.
+   */
+  if ((r = refuse_if_held (dev, "removed", err)) < 0)
+    return r;
   open = atomic_load (&dev->open_count);
   if (open > 0 && !force) {
     mapper_err_set (err, "device '%s' is open by %u connection%s: "
@@ -672,7 +975,7 @@ device_remove (struct device *dev, bool force, struct mapper_err *err)
               MAX (info.size >> MAPPER_SECTOR_SHIFT, (uint64_t) 1));
     if ((r = table_parse (text, "<remove --force>", &t, err)) < 0)
       return r;
-    if ((r = device_replace (dev, t, err)) < 0)
+    if ((r = device_replace (dev, t, NULL, err)) < 0)
       return r;
   }
   {
@@ -719,15 +1022,8 @@ device_rename (struct device *dev, const char *newname,
   /* A table stacked on it names it (mapper:NAME) and would lose it at
    * the next load from tables=DIR.
    */
-  if (atomic_load (&dev->stack_holders) > 0) {
-    mapper_err_set (err, "device '%s' is used by %u table%s as "
-                    DEVICE_BACKEND_PREFIX "%s: reload %s first",
-                    dev->name, atomic_load (&dev->stack_holders),
-                    atomic_load (&dev->stack_holders) == 1 ? "" : "s",
-                    dev->name,
-                    atomic_load (&dev->stack_holders) == 1 ? "it" : "them");
-    return -EBUSY;
-  }
+  if ((r = refuse_if_held (dev, "renamed", err)) < 0)
+    return r;
   names = realloc (dev->old_names, (dev->nr_old_names + 1) * sizeof *names);
   if (names == NULL) {
     mapper_err_set (err, "out of memory");
@@ -759,35 +1055,21 @@ device_clear (struct device *dev)
   table_free (old);
 }
 
-/* The backends of old that new does not use: only their data needs an
- * explicit flush at a swap.  Shared ones stay covered by the clients'
- * own flushes, which go to the new table's backends (backends are
- * shared objects, so pointer equality is identity).
- */
-static int
-dropped_backends (const struct table *old, const struct table *new,
-                  backend_vector *out)
-{
-  if (old == NULL)
-    return 0;
-  for (size_t i = 0; i < old->backends.len; i++) {
-    bool kept = false;
-    for (size_t j = 0; j < new->backends.len && !kept; j++)
-      kept = old->backends.ptr[i] == new->backends.ptr[j];
-    if (!kept && backend_vector_append (out, old->backends.ptr[i]) == -1)
-      return -ENOMEM;
-  }
-  return 0;
-}
-
 int
-device_replace (struct device *dev, struct table *t, struct mapper_err *err)
+device_replace (struct device *dev, struct table *t, bool *swapped,
+                struct mapper_err *err)
 {
   struct table *old_live, *old_inactive;
   backend_vector dropped = empty_vector;
   uint64_t t0, t1;
   int r;
 
+  if (swapped)
+    *swapped = false;
+  if ((r = check_new_live (dev, t, err)) < 0) {
+    table_free (t);
+    return r;
+  }
   pthread_mutex_lock (&dev->lock);
   if ((r = dropped_backends (dev->live, t, &dropped)) < 0) {
     pthread_mutex_unlock (&dev->lock);
@@ -797,7 +1079,7 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
   }
   /* Make what is written to the dropped backends so far durable before
    * the window, so the flush that must follow the swap has little left
-   * to do.
+   * to do; if it fails, nothing changes.
    */
   if (dropped.len && !atomic_load (&dev->suspended)) {
     r = io_flush_backends (dropped.ptr, dropped.len);
@@ -818,26 +1100,22 @@ device_replace (struct device *dev, struct table *t, struct mapper_err *err)
   dev->live = t;
   dev->inactive = NULL;
   dev->event_nr++;
-  table_resume (t);             /* background work (mirror resync) */
-  atomic_store (&dev->suspended, false);
-  pthread_cond_broadcast (&dev->cond);
+  if (swapped)
+    *swapped = true;
+  unsuspend_locked (dev);
   t1 = monotonic_ns ();
   pthread_mutex_unlock (&dev->lock);
   /* Writes that went to backends the new table no longer uses are
-   * durable before replace returns (the old table still holds them).
+   * durable before replace returns, or replace says they may not be.
    */
-  if (dropped.len &&
-      (r = io_flush_backends (dropped.ptr, dropped.len)) < 0 && mapper_debug)
-    mapper_debug ("device %s: replace: flushing dropped backends: %s",
-                  dev->name, mapper_strerror (-r));
-  backend_vector_reset (&dropped);
+  r = flush_dropped (dev, &dropped, err);
   table_free (old_live);
   table_free (old_inactive);
   /* The suspended window, for bench/bench-reload (nbdkit -v). */
   if (mapper_debug)
     mapper_debug ("device %s: replace: suspended for %" PRIu64 " ns",
                   dev->name, t1 - t0);
-  return 0;
+  return r;
 }
 
 /* --- control plane: inspection ---------------------------------------- */

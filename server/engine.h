@@ -6,6 +6,7 @@
 #ifndef NBDMAPPER_ENGINE_H
 #define NBDMAPPER_ENGINE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -105,7 +106,29 @@ int device_check_table (struct device *dev, const struct table *t,
                         struct mapper_err *err);
 int device_load (struct device *dev, struct table *t);  /* takes t */
 int device_suspend (struct device *dev, bool noflush);
+/* Swap in the inactive table (if any) and let requests in.  Refused,
+ * changing nothing, if the inactive table would break a device stacked
+ * on dev (device_check_holders) or the flush before the swap fails (the
+ * device then runs on as it was, the new table still inactive).
+ * device_resume_swapped: *swapped as for device_replace.
+ */
 int device_resume (struct device *dev, struct mapper_err *err);
+int device_resume_swapped (struct device *dev, bool *swapped,
+                           struct mapper_err *err);
+/* Could the inactive table be resumed (the checks device_resume makes
+ * before it changes anything)?  0 or -errno with err filled.
+ */
+int device_check_resume (struct device *dev, struct mapper_err *err);
+/* Would t as dev's live table still hold every area that tables of
+ * other devices stacked on dev ("mapper:NAME") map, at dev's block
+ * size?  0, or -EBUSY naming the device and its area.
+ */
+int device_check_holders (struct device *dev, const struct table *t,
+                          struct mapper_err *err);
+/* The devices whose live or inactive table stacks on dev, their names
+ * separated by tabs; malloc'd ("" for none), NULL if out of memory.
+ */
+char *device_holders (struct device *dev);
 void device_destroy (struct device *dev);
 struct device *device_lookup (const char *name);
 size_t device_count (void);
@@ -153,8 +176,13 @@ int device_rename (struct device *dev, const char *newname,
                    struct mapper_err *err);
 /* Drop the inactive table. */
 void device_clear (struct device *dev);
-/* load + suspend + resume in one step: suspended only for the drain. */
-int device_replace (struct device *dev, struct table *t,
+/* load + suspend + resume in one step: suspended only for the drain.
+ * Refused, changing nothing, if t would break a device stacked on dev
+ * or the flush before the swap fails.  -errno with *swapped true: t is
+ * live, but the backends it dropped could not be flushed (writes to
+ * them may be lost).  swapped may be NULL.
+ */
+int device_replace (struct device *dev, struct table *t, bool *swapped,
                     struct mapper_err *err);
 /* The live (or inactive) table in dmsetup format, or the per-target
  * status (STATUSTYPE_INFO) lines; malloc'd, "" for an empty slot.
@@ -190,7 +218,21 @@ int device_zero (struct device *dev, uint32_t count, uint64_t offset,
                  uint32_t flags);
 int device_trim (struct device *dev, uint32_t count, uint64_t offset,
                  uint32_t flags);
+/* Flush as the device's own observer of backend errors (flush.c's
+ * errseq): a failed backend flush or a lost remote write fails one
+ * device_flush after it.
+ */
 int device_flush (struct device *dev, uint32_t flags);
+/* Flush as the observer *seen, a client connection's, which starts at
+ * device_errseq_sample() when it opens: its next flush fails with EIO
+ * once after any error on the device's backends since it last flushed,
+ * even one that another connection's flush already reported (every
+ * connection open then hears of it, none opened later).  seen NULL:
+ * only this flush's own result.
+ */
+int device_flush_errseq (struct device *dev, uint32_t flags,
+                         _Atomic uint64_t *seen);
+uint64_t device_errseq_sample (void);
 int device_extents (struct device *dev, uint32_t count, uint64_t offset,
                     uint32_t flags, mapper_extent_fn fn, void *opaque);
 

@@ -14,6 +14,15 @@
  * A failed flush fails everyone who shared it, and the next flush once
  * more (after a failed fdatasync the kernel may have dropped the dirty
  * pages: a later flush succeeding says nothing about them).
+ *
+ * "The next flush" is per observer, as Linux's errseq_t does it for
+ * files: a failed flush, or a connection lost with writes not yet
+ * flushed (backend_writes_lost), stamps the backend with a new number
+ * from one clock.  Every observer (a client connection, through
+ * device_flush_errseq) keeps the clock's value from when it last
+ * flushed, or opened: its next flush fails with EIO once if any backend
+ * it flushes carries a later stamp.  So every connection open at the
+ * loss hears of it exactly once, and none opened later does.
  */
 #include <config.h>
 
@@ -22,6 +31,54 @@
 #include <stdlib.h>
 
 #include "internal.h"
+
+/* The error clock: the last stamp given out. */
+static _Atomic uint64_t errseq_clock;
+
+uint64_t
+errseq_sample (void)
+{
+  return atomic_load (&errseq_clock);
+}
+
+/* A new error on be: everyone who sampled the clock before sees it. */
+static void
+errseq_raise (struct backend *be)
+{
+  atomic_store (&be->err_seq, atomic_fetch_add (&errseq_clock, 1) + 1);
+}
+
+static void
+errseq_max (_Atomic uint64_t *where, uint64_t v)
+{
+  uint64_t old = atomic_load (where);
+
+  while (old < v && !atomic_compare_exchange_weak (where, &old, v))
+    ;
+}
+
+uint64_t
+backend_errseq (struct backend *be)
+{
+  uint64_t e = atomic_load (&be->err_seq);
+
+  /* A stacked device: the errors of what it stacks on. */
+  if (be->ops->errseq)
+    e = MAX (e, be->ops->errseq (be));
+  return e;
+}
+
+void
+errseq_note_dropped (_Atomic uint64_t *dev_err, struct backend *be)
+{
+  errseq_max (dev_err, backend_errseq (be));
+}
+
+void
+errseq_seen (_Atomic uint64_t *seen, uint64_t sample)
+{
+  errseq_max (seen, sample);
+}
 
 void
 backend_flush_init (struct backend *be)
@@ -33,7 +90,7 @@ backend_flush_init (struct backend *be)
   be->flush_running = false;
   be->running_gen = be->running_seq = be->done_seq = be->failed_seq = 0;
   be->flushed_gen = 0;
-  be->lost_writes = false;
+  atomic_init (&be->err_seq, 0);
   be->lost_seq = 0;
   be->nr_flushes = 0;
 }
@@ -52,7 +109,7 @@ backend_writes_lost (struct backend *be)
 
   if (be->flush_running ||
       atomic_load (&be->write_gen) != be->flushed_gen)
-    be->lost_writes = true;
+    errseq_raise (be);
   /* The running flush may have been sent after the loss (retried on a
    * new connection): its success would say nothing about the lost writes.
    */
@@ -91,7 +148,7 @@ flush_end (struct backend *be, uint64_t seq, int error)
   be->done_seq = seq;
   if (error) {
     be->failed_seq = seq;
-    be->lost_writes = true;
+    errseq_raise (be);
   }
   else if (be->running_gen > be->flushed_gen)
     be->flushed_gen = be->running_gen;
@@ -121,12 +178,6 @@ flush_decide (struct flush_slot *s, struct io_req *req)
   struct clone *c;
 
   pthread_mutex_lock (&be->flush_lock);
-  if (be->lost_writes) {
-    be->lost_writes = false;
-    pthread_mutex_unlock (&be->flush_lock);
-    s->plan = PLAN_DONE;
-    return -EIO;
-  }
   if (be->flushed_gen >= s->target) {
     s->plan = PLAN_DONE;
   }
@@ -175,11 +226,18 @@ flush_wait (struct flush_slot *s)
 int
 io_flush_backends (struct backend *const *bes, size_t n)
 {
-  return io_flush_backends_each (bes, n, NULL);
+  return io_flush_backends_seen (bes, n, NULL, UINT64_MAX);
 }
 
 int
 io_flush_backends_each (struct backend *const *bes, size_t n, int *errs)
+{
+  return io_flush_backends_seen (bes, n, errs, UINT64_MAX);
+}
+
+int
+io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
+                        uint64_t seen)
 {
   struct flush_slot inline_slots[IO_INLINE_CLONES];
   struct flush_slot *slots = inline_slots;
@@ -197,9 +255,18 @@ io_flush_backends_each (struct backend *const *bes, size_t n, int *errs)
       .be = bes[i], .target = atomic_load (&bes[i]->write_gen),
       .plan = PLAN_DECIDE,
     };
-  if (errs)
-    for (i = 0; i < n; i++)
-      errs[i] = 0;
+  for (i = 0; i < n; i++) {
+    /* Errors the observer has not heard of (errseq, above): EIO once,
+     * and the backend is flushed all the same.  Looked at before any
+     * flush lock is taken: a stacked device's errors come from its own
+     * table, under its lock.
+     */
+    e = backend_errseq (bes[i]) > seen ? -EIO : 0;
+    if (e < 0 && r == 0)
+      r = e;
+    if (errs)
+      errs[i] = e;
+  }
 
   do {
     struct io_req req;

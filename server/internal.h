@@ -152,6 +152,12 @@ void bounce_put (char *buf);
 int io_flush_backends (struct backend *const *bes, size_t n);
 /* The same, with each backend's own result in errs[0..n) (0 or -errno). */
 int io_flush_backends_each (struct backend *const *bes, size_t n, int *errs);
+/* The same for an observer that last sampled the error clock at seen
+ * (flush.c): also -EIO for a backend with a later error stamp.  errs may
+ * be NULL; seen UINT64_MAX is io_flush_backends_each.
+ */
+int io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
+                            uint64_t seen);
 void flush_note_write (struct clone *c);
 /* Returns the flush's result: error, or -EIO if writes were lost while
  * it ran.
@@ -160,6 +166,16 @@ int flush_end (struct backend *be, uint64_t seq, int error);
 
 /* table.c */
 DEFINE_VECTOR_TYPE (backend_vector, struct backend *);
+/* What a table maps of a device it stacks on (a "mapper:NAME" backend):
+ * the end of its furthest area and the OR of every area's offset and
+ * length (for the block size), in bytes.
+ */
+struct stack_use {
+  struct backend *be;
+  uint64_t end;
+  uint64_t align;
+};
+DEFINE_VECTOR_TYPE (stack_use_vector, struct stack_use);
 struct table {
   /* Immutable once built. */
   char *origin;                 /* file name or "<string>", for messages */
@@ -180,6 +196,7 @@ struct table {
   unsigned depth;
   bool has_flush_failed;        /* some target has flush_failed() */
   backend_vector backends;      /* distinct, each referenced once */
+  stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;
   size_t nr_flush_hooks;        /* targets with a flush() hook */
 };
@@ -216,6 +233,13 @@ struct device {
   _Atomic unsigned stack_holders;
   uint64_t event_nr;
 
+  /* Backend errors (flush.c's errseq): the device's own observer, for
+   * device_flush without a connection's, and the latest error stamp of
+   * backends a swap dropped, which no flush reaches any more.
+   */
+  _Atomic uint64_t flush_seen;
+  _Atomic uint64_t dropped_err;
+
   /* Lifetime: the registry holds one reference, each open connection and
    * each control command using the device one more.  Freed at the last
    * device_put.  uuid and removed are protected by devices_lock; names
@@ -230,6 +254,10 @@ struct device {
   /* The registry's hash chains (device.c), under devices_lock. */
   struct device *name_next, *uuid_next;
 };
+/* The latest error stamp (flush.c) of dev's live backends and of those
+ * its swaps dropped; takes dev->lock.
+ */
+uint64_t device_errseq (struct device *dev);
 /* Enter/exit the live table for a request (blocks while suspended). */
 struct table *device_enter (struct device *dev);
 void device_exit (struct device *dev);

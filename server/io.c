@@ -289,7 +289,8 @@ uses_backend_cb (struct target *ti, struct backend *be, void *data)
  * handle_errors drops the leg): the flush_failed hook, error path only.
  */
 static int
-io_flush_table (struct table *t, struct backend *const *bes, size_t n)
+io_flush_table (struct table *t, struct backend *const *bes, size_t n,
+                uint64_t seen)
 {
   int inline_errs[IO_INLINE_CLONES];
   int *errs = inline_errs;
@@ -297,11 +298,11 @@ io_flush_table (struct table *t, struct backend *const *bes, size_t n)
   int r;
 
   if (!t->has_flush_failed)
-    return io_flush_backends (bes, n);
+    return io_flush_backends_seen (bes, n, NULL, seen);
   if (n > ARRAY_SIZE (inline_errs) &&
       (errs = malloc (n * sizeof *errs)) == NULL)
     return -ENOMEM;
-  r = io_flush_backends_each (bes, n, errs);
+  r = io_flush_backends_seen (bes, n, errs, seen);
   for (size_t i = 0; r < 0 && i < n; i++) {
     if (errs[i] == 0)
       continue;
@@ -344,13 +345,13 @@ io_emulate_fua (struct table *t, const struct io_req *req)
     if (j < n)
       continue;
     if (n == ARRAY_SIZE (bes)) {
-      if ((r = io_flush_table (t, bes, n)) < 0)
+      if ((r = io_flush_table (t, bes, n, UINT64_MAX)) < 0)
         return r;
       n = 0;
     }
     bes[n++] = be;
   }
-  return n ? io_flush_table (t, bes, n) : 0;
+  return n ? io_flush_table (t, bes, n, UINT64_MAX) : 0;
 }
 
 int
@@ -492,7 +493,16 @@ flush_per_target (struct table *t)
 int
 device_flush (struct device *dev, uint32_t flags)
 {
+  return device_flush_errseq (dev, flags, &dev->flush_seen);
+}
+
+int
+device_flush_errseq (struct device *dev, uint32_t flags,
+                     _Atomic uint64_t *seen)
+{
   struct table *t = device_enter (dev);
+  uint64_t sample = errseq_sample ();
+  uint64_t since = seen ? atomic_load (seen) : UINT64_MAX;
   int r = 0;
 
   /* Targets that delay or fail flushes (delay, flakey) first. */
@@ -503,8 +513,15 @@ device_flush (struct device *dev, uint32_t flags)
       r = flush_per_target (t);
     else
       /* Once per distinct backend, never once per target. */
-      r = io_flush_table (t, t->backends.ptr, t->backends.len);
+      r = io_flush_table (t, t->backends.ptr, t->backends.len, since);
   }
+  /* Errors of backends a swap took out of the table: no flush reaches
+   * them any more, but this observer has not heard of them.
+   */
+  if (r == 0 && atomic_load (&dev->dropped_err) > since)
+    r = -EIO;
+  if (seen)
+    errseq_seen (seen, sample);
   if (mapper_trace_io && mapper_debug)
     mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->backends.len,
                   t->backends.len == 1 ? "" : "s");

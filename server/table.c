@@ -139,6 +139,24 @@ target_count_args (unsigned argc, char **argv, unsigned max,
   return 0;
 }
 
+static int
+note_stack_use (struct table *t, struct backend *be, uint64_t end,
+                uint64_t align)
+{
+  for (size_t i = 0; i < t->stack_uses.len; i++) {
+    struct stack_use *u = &t->stack_uses.ptr[i];
+    if (u->be == be) {
+      u->end = MAX (u->end, end);
+      u->align |= align;
+      return 0;
+    }
+  }
+  if (stack_use_vector_append (&t->stack_uses, (struct stack_use) {
+        .be = be, .end = end, .align = align }) == -1)
+    return -ENOMEM;
+  return 0;
+}
+
 int
 target_get_backend (struct target *ti, const char *spec, uint64_t start,
                     uint64_t len, struct backend **out,
@@ -175,6 +193,15 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
                     be->caps.block_min);
     backend_put (be);
     return -EINVAL;
+  }
+  /* What the table maps of a device it stacks on: a change of that
+   * device's table must keep it valid (device_check_holders).
+   */
+  if (device_backend_device (be) && (r = note_stack_use (t, be, end,
+                                                         start | len)) < 0) {
+    backend_put (be);
+    mapper_err_set (err, "out of memory");
+    return r;
   }
   /* The table keeps one reference per distinct backend. */
   for (i = 0; i < t->backends.len; i++)
@@ -233,6 +260,7 @@ table_free (struct table *t)
   for (size_t i = 0; i < t->backends.len; i++)
     backend_put (t->backends.ptr[i]);
   backend_vector_reset (&t->backends);
+  stack_use_vector_reset (&t->stack_uses);
   free (t->targets);
   free (t->ends);
   free (t->levels);

@@ -48,13 +48,16 @@ ms () { timeout 120 nbdsh -u "$uri" "$@"; }
 ms -c 'h.pwrite(b"A" * 65536, 0)' -c 'h.flush()'
 wait_for sh -c "[ \$(grep -c 'connection [0-9]* -> up' '$log') -ge 4 ]" ||
     die "not every connection came up"
-ms -c 'h.pwrite(b"B" * 4096, 65536)'          # acknowledged, not flushed
-
-# Back without multi-conn.
-kill_backend r KILL
-server no
+# A connection with a write acknowledged, not flushed, open across the
+# outage: its next flush must fail (one opened after it would not).
 ms -c '
+import os, time
 from nbdcheck import aio_wait, fails_eio
+d = "'"$tmpdir"'"
+h.pwrite(b"B" * 4096, 65536)                    # acknowledged, not flushed
+open(d + "/written", "w").close()
+while not os.path.exists(d + "/go"):
+    time.sleep(0.05)
 assert h.pread(4096, 65536) == b"B" * 4096     # retried on the one left
 assert fails_eio(h.flush), "flush after the lost connections succeeded"
 h.flush()                                       # once only
@@ -66,7 +69,15 @@ for c in cookies:
 h.flush()
 for i in range(64):
     assert h.pread(4096, (32 + i) * 4096) == bytes([i]) * 4096
-' || { grep 'nbd+unix' "$log" | tail -30; die "no multi-conn: the device failed"; }
+' > "$tmpdir/client.out" 2>&1 &
+client=$!
+wait_for test -e "$tmpdir/written" || die "the client did not write"
+
+# Back without multi-conn.
+kill_backend r KILL
+server no
+touch "$tmpdir/go"
+wait $client || { cat "$tmpdir/client.out"; grep 'nbd+unix' "$log" | tail -30; die "no multi-conn: the device failed"; }
 line=$(grep -n 'no longer allows multi-conn' "$log" | cut -d: -f1)
 [ "$(echo "$line" | wc -w)" = 1 ] ||
     { grep 'nbd+unix' "$log" | tail -30; die "no multi-conn: not once in the log"; }

@@ -37,8 +37,10 @@ if grep -Ei 'verify.*(fail|bad)|bad magic|err= *[1-9]' "$tmpdir/fio.out"; then
 fi
 grep -E 'WRITE:' "$tmpdir/fio.out"
 
-# Unflushed writes, then the connections are lost: the next flush fails
-# with EIO, the one after succeeds, and the data is readable.
+# Unflushed writes, then the connections are lost: the next flush of
+# the connection that was open fails with EIO, the one after succeeds,
+# and the data is readable.  A connection opened after a loss is not
+# affected (fio's, which never flushed, is gone).
 python3 - "$uri" "$tmpdir" "$f" <<'PYEOF'
 import os, signal, subprocess, sys, time
 import nbd
@@ -46,8 +48,8 @@ from nbdcheck import fails_eio
 uri, d, f = sys.argv[1:4]
 h = nbd.NBD()
 h.connect_uri(uri)
-# fio's writes were not flushed when its backend was killed.
-assert fails_eio(h.flush), "first flush after the fio run succeeded"
+# fio's writes were not flushed when its backend was killed, but this
+# connection came after: nothing of its own was lost.
 h.flush()
 h.pwrite(b"A" * 4096, 0)
 pid = int(open(d + "/r.pid").read())

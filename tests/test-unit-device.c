@@ -77,7 +77,7 @@ main (void)
   /* replace: new table live, event bumped, data path works. */
   snprintf (line, sizeof line, "0 1024 linear %s 0\n1024 1024 linear %s "
             "1024\n", f, f);
-  CHECK_EQ (device_replace (dev, parse (line), &err), 0);
+  CHECK_EQ (device_replace (dev, parse (line), NULL, &err), 0);
   device_get_info (dev, &info);
   CHECK_EQ (info.event_nr, 2);
   CHECK_EQ (info.nr_targets, 2);
@@ -95,7 +95,7 @@ main (void)
     struct waiter w = { .dev = dev, .after = 2 };
     pthread_t th;
     pthread_create (&th, NULL, wait_thread, &w);
-    CHECK_EQ (device_replace (dev, parse ("0 2048 zero\n"), &err), 0);
+    CHECK_EQ (device_replace (dev, parse ("0 2048 zero\n"), NULL, &err), 0);
     pthread_join (th, NULL);
     CHECK_EQ (w.r, 0);
     CHECK_EQ (w.now, 3);

@@ -99,11 +99,27 @@ write_done (struct backend *be)
   flush_note_write (&c);
 }
 
+/* A flush by observer *seen (a client connection: device_flush_errseq
+ * does the same over a device's backends).
+ */
+static int
+flush_as (struct backend *be, _Atomic uint64_t *seen)
+{
+  struct backend *bes[1] = { be };
+  uint64_t sample = errseq_sample ();
+  int r = io_flush_backends_seen (bes, 1, NULL, atomic_load (seen));
+
+  errseq_seen (seen, sample);
+  return r;
+}
+
+/* The observer most checks use: one connection. */
+static _Atomic uint64_t conn1;
+
 static int
 flush1 (struct backend *be)
 {
-  struct backend *bes[1] = { be };
-  return io_flush_backends (bes, 1);
+  return flush_as (be, &conn1);
 }
 
 static struct backend *shared_be;
@@ -125,6 +141,7 @@ main (void)
   struct backend *both[2] = { &be, &be2 };
   pthread_t th[8];
 
+  atomic_init (&conn1, errseq_sample ());
   backend_flush_init (&be);
   backend_flush_init (&be2);
 
@@ -161,6 +178,44 @@ main (void)
   backend_writes_lost (&be);
   CHECK (flush1 (&be) == -EIO);
   CHECK (flush1 (&be) == 0);
+
+  /* Every observer open at a loss fails its next flush once, whichever
+   * flushes first (errseq); one that came later does not; a flush with
+   * no observer (a suspend, FUA) gives its own result only.
+   */
+  {
+    _Atomic uint64_t conn2, conn3;
+    atomic_init (&conn2, errseq_sample ());
+    write_done (&be);
+    backend_writes_lost (&be);
+    atomic_init (&conn3, errseq_sample ());
+    CHECK (io_flush_backends (both, 1) == 0);
+    CHECK (flush_as (&be, &conn2) == -EIO);
+    CHECK (flush_as (&be, &conn2) == 0);
+    CHECK (flush_as (&be, &conn3) == 0);
+    CHECK (flush1 (&be) == -EIO);
+    CHECK (flush1 (&be) == 0);
+    /* A failed flush: it fails its sharer, and the next flush of every
+     * observer once more (the failing one's included).
+     */
+    write_done (&be);
+    fail_next = 1;
+    CHECK (flush_as (&be, &conn3) == -EIO);
+    CHECK (flush_as (&be, &conn3) == -EIO);
+    CHECK (flush_as (&be, &conn3) == 0);
+    CHECK (flush_as (&be, &conn2) == -EIO);
+    CHECK (flush_as (&be, &conn2) == 0);
+    CHECK (flush1 (&be) == -EIO);
+    CHECK (flush1 (&be) == 0);
+    /* Errors on a backend the observer does not flush are not its own
+     * (another device's): they fail only the flushes that reach it.
+     */
+    write_done (&be2);
+    backend_writes_lost (&be2);
+    CHECK (flush_as (&be, &conn2) == 0);
+    CHECK (flush1 (&be2) == -EIO);
+    CHECK (flush1 (&be2) == 0);
+  }
 
   /* Eight concurrent flushes after one write share the backend flush. */
   slow = 1;

@@ -263,6 +263,26 @@ split_rows (char *payload, struct row **rows)
   return n;
 }
 
+/* The holders field(s) of an info row: names separated by tabs (the
+ * last field of a row keeps its tabs), printed "a, b" or as JSON strings.
+ */
+static void
+print_holders (char *field, bool more, bool json)
+{
+  char *save = NULL;
+  int k = 0;
+
+  for (char *name = strtok_r (field, "\t", &save); name;
+       name = strtok_r (NULL, "\t", &save), k++) {
+    if (more || k)
+      printf (", ");
+    if (json)
+      json_string (name);
+    else
+      printf ("%s", name);
+  }
+}
+
 /* --- commands ---------------------------------------------------------- */
 
 /* cmd's TABLE from a file, "-" (stdin), or --table. */
@@ -387,7 +407,10 @@ print_info (char *p)
         json_string (f[7]);
       else
         printf ("null");
-      printf (", \"size\": %s}", f[8]);
+      printf (", \"size\": %s, \"holders\": [", f[8]);
+      for (int j = 9; j < rows[i].n; j++)
+        print_holders (f[j], j > 9, true);
+      printf ("]}");
       continue;
     }
     if (i)
@@ -396,6 +419,12 @@ print_info (char *p)
     printf ("State:             %s\n", f[1]);
     printf ("Tables present:    %s\n", tables_present (f[2], f[3]));
     printf ("Open count:        %s\n", f[4]);
+    if (rows[i].n > 9 && *f[9]) {
+      printf ("Holders:           ");
+      for (int j = 9; j < rows[i].n; j++)
+        print_holders (f[j], j > 9, false);
+      putchar ('\n');
+    }
     printf ("Event number:      %s\n", f[5]);
     printf ("Number of targets: %s\n", f[6]);
     if (*f[7])

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The control plane with stacked devices (mapper:NAME): a device another
-# one stacks on can't be removed without --force nor renamed; a load or replace that
+# one stacks on can't be removed (even with --force) nor renamed, and
+# info shows its holder apart from connections; a load or replace that
 # would make a cycle is refused and changes nothing; replacing the lower
 # device's table under the upper one keeps the data path working.
 source "$(dirname "$0")/functions-ms.sh"
@@ -10,8 +11,14 @@ a=$(mkfile a.img 1M)
 start_server tables="$(mkdir "$tmpdir/t" && echo "$tmpdir/t")"
 ms create low --table "0 2048 linear $a 0"
 ms create up --table "0 1024 linear mapper:low 1024"
-ms info low | grep -q '^Open count:        1$' || die "stacking does not hold low open"
-fails 'open by 1 connection' ms remove low
+# A holder is not a client connection: info shows them apart, and the
+# refusals name the holder.
+ms info low | grep -q '^Open count:        0$' || die "a holder counted as a connection"
+ms info low | grep -q '^Holders:           up$' || die "info does not show the holder"
+[ "$(ms --json info low | python3 -c 'import json,sys; print(json.load(sys.stdin)["devices"][0]["holders"])')" = "['up']" ] ||
+    die "info --json holders"
+fails "in use by device 'up' as mapper:low" ms remove low
+fails "in use by device 'up' as mapper:low" ms remove --force low
 before=$(ms table)
 fails 'cycle' ms load low --table "0 1024 linear mapper:up 0
 1024 1024 linear $a 1024"
@@ -29,12 +36,12 @@ cmp -n 4096 -i 524288:0 "$a" <(printf 'S%.0s' $(seq 4096)) ||
     die "write through the stack did not land at sector 1024 of a"
 # Renaming the lower device would orphan up's mapper:low (and break the
 # next start from tables=DIR): refused while a table stacks on it.
-fails 'used by 1 table as mapper:low' ms rename low low2
+fails "in use by device 'up' as mapper:low: it cannot be renamed" ms rename low low2
 ms info low >/dev/null || die "refused rename changed the name"
 ms remove up
 ms rename low low2
 ms rename low2 low
-ms info low | grep -q '^Open count:        0$' || die "low still held after remove up"
+ms info low | grep -q '^Holders' && die "low still held after remove up"
 ms remove low
 [ "$(ms ls)" = "No devices found" ] || die "devices left: $(ms ls)"
 echo "$0: ok"

@@ -374,12 +374,17 @@ info_one (struct device *dev, void *opaque)
   struct device_info info;
   char *uuid = device_uuid (dev);
 
+  char *holders = device_holders (dev);
+
   device_get_info (dev, &info);
+  /* The holders (tab-separated names) last: a line may have any number. */
   fprintf (rp->out, "%s\t%s\t%d\t%d\t%u\t%" PRIu64 "\t%zu\t%s\t%" PRIu64
-           "\n", device_name (dev), info.suspended ? "SUSPENDED" : "ACTIVE",
-           info.live, info.inactive, info.open_count, info.event_nr,
-           info.nr_targets, uuid ? uuid : "", info.size);
+           "\t%s\n", device_name (dev),
+           info.suspended ? "SUSPENDED" : "ACTIVE", info.live,
+           info.inactive, info.open_count, info.event_nr, info.nr_targets,
+           uuid ? uuid : "", info.size, holders ? holders : "");
   free (uuid);
+  free (holders);
   return 0;
 }
 
@@ -627,12 +632,28 @@ cmd_suspend (struct reply *rp, struct proto_request *req)
   return 0;
 }
 
+/* Put back DIR/NAME.table as it was (text: its live table) after a
+ * command saved the table it was about to make live and then failed
+ * without making it so.
+ */
+static void
+unsave (const char *name, const char *uuid, const char *text)
+{
+  char *msg = NULL;
+
+  if (persist_write (name, uuid, text, &msg) < 0)
+    nbdkit_error ("%s", msg ? msg : "out of memory");
+  free (msg);
+}
+
 static int
 cmd_resume (struct reply *rp, struct proto_request *req)
 {
   struct mapper_err err = { "" };
   struct device_info info;
   struct device *dev;
+  char *text = NULL, *old_text = NULL, *uuid = NULL;
+  bool swapped = false;
   int r = 0;
 
   if (need_args (rp, req, 1, 1) == -1)
@@ -641,19 +662,31 @@ cmd_resume (struct reply *rp, struct proto_request *req)
     return -1;
   device_get_info (dev, &info);
   if (info.inactive) {
-    /* The inactive table becomes live: save it first. */
-    char *text = device_table_text (dev, true, &r);
-    if (text == NULL)
-      r = fail (rp, -r, "out of memory");
-    else {
-      char *uuid = device_uuid (dev);
-      r = save (rp, req->args[0], uuid, text);
-      free (uuid);
-      free (text);
+    /* The inactive table becomes live: check it can, then save it
+     * first (a crash after the save restarts with it).
+     */
+    if ((r = device_check_resume (dev, &err)) < 0) {
+      fail (rp, -r, "resume %s: %s", req->args[0], err.msg);
+      goto out;
     }
+    uuid = device_uuid (dev);
+    if ((text = device_table_text (dev, true, &r)) == NULL ||
+        (old_text = device_table_text (dev, false, &r)) == NULL) {
+      r = fail (rp, -r, "out of memory");
+      goto out;
+    }
+    if ((r = save (rp, req->args[0], uuid, text)) < 0)
+      goto out;
   }
-  if (r == 0 && (r = device_resume (dev, &err)) < 0)
+  if ((r = device_resume_swapped (dev, &swapped, &err)) < 0) {
+    if (info.inactive && !swapped)
+      unsave (req->args[0], uuid, old_text);
     fail (rp, -r, "resume: %s", err.msg);
+  }
+ out:
+  free (text);
+  free (old_text);
+  free (uuid);
   device_put (dev);
   return r < 0 ? -1 : 0;
 }
@@ -665,6 +698,7 @@ cmd_replace (struct reply *rp, struct proto_request *req)
   struct device *dev;
   struct table *t = NULL;
   char *text = NULL, *old_text = NULL, *uuid = NULL;
+  bool swapped = false;
   int r = -1;
 
   if (need_args (rp, req, 2, 2) == -1)
@@ -675,6 +709,13 @@ cmd_replace (struct reply *rp, struct proto_request *req)
   if (t == NULL || check_stacking (rp, "replace", dev, t) == -1 ||
       (text = format_table (rp, t)) == NULL)
     goto out;
+  /* Before anything is saved: a table that would break a device stacked
+   * on this one is refused, and a crash must not leave it in DIR.
+   */
+  if ((r = device_check_holders (dev, t, &err)) < 0) {
+    r = fail (rp, -r, "replace %s: %s", req->args[0], err.msg);
+    goto out;
+  }
   uuid = device_uuid (dev);
   /* Kept to put the file back if the swap itself fails. */
   if ((old_text = device_table_text (dev, false, &r)) == NULL) {
@@ -684,12 +725,12 @@ cmd_replace (struct reply *rp, struct proto_request *req)
   }
   if ((r = save (rp, req->args[0], uuid, text)) == -1)
     goto out;
-  r = device_replace (dev, t, &err);
+  r = device_replace (dev, t, &swapped, &err);
   t = NULL;                     /* taken, even on failure */
   if (r < 0) {
-    char *msg = NULL;
-    persist_write (req->args[0], uuid, old_text, &msg);
-    free (msg);
+    /* Swapped but not flushed: the new table is live, and stays saved. */
+    if (!swapped)
+      unsave (req->args[0], uuid, old_text);
     fail (rp, -r, "replace: %s", err.msg);
   }
  out:

@@ -429,11 +429,15 @@ mapper_default_export (int readonly, int is_tls)
 }
 
 /* A connection: to a device (holding a reference and an open count) or
- * to the control export.  Read-only after open.
+ * to the control export.  Read-only after open, but errseq.
  */
 struct handle {
   struct device *dev;
   struct control_conn *ctl;
+  /* Backend errors this connection has heard of (device_flush_errseq):
+   * from its open on, its next flush after each fails once.
+   */
+  _Atomic uint64_t errseq;
 };
 
 static void *
@@ -471,6 +475,7 @@ mapper_open (int readonly)
     return NULL;
   }
   h->dev = dev;
+  atomic_init (&h->errseq, device_errseq_sample ());
   return h;
 }
 
@@ -614,7 +619,8 @@ mapper_flush (void *handle, uint32_t flags)
   struct handle *h = handle;
   if (h->ctl)
     return control_flush (h->ctl);
-  return result (device_flush (h->dev, engine_flags (flags)));
+  return result (device_flush_errseq (h->dev, engine_flags (flags),
+                                      &h->errseq));
 }
 
 static int

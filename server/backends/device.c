@@ -62,7 +62,10 @@ device_submit (struct backend *be, struct clone *c)
     r = device_trim (dev, c->len, c->offset, flags);
     break;
   case IO_FLUSH:
-    r = device_flush (dev, 0);
+    /* Its own result only: the errors of the lower device's backends
+     * reach the upper observer through device_be_errseq.
+     */
+    r = device_flush_errseq (dev, 0, NULL);
     break;
   default:
     abort ();
@@ -89,13 +92,23 @@ device_get_size (struct backend *be, uint64_t *size)
   return 0;
 }
 
+/* The latest error stamp of the lower device's backends (live table and
+ * those its swaps dropped), however deep: a flush of the upper device
+ * that finds this backend clean must still report them.
+ */
+static uint64_t
+device_be_errseq (struct backend *be)
+{
+  return device_errseq (DB (be)->dev);
+}
+
 static void
 device_close (struct backend *be)
 {
   struct device_backend *d = DB (be);
 
   atomic_fetch_sub (&d->dev->stack_holders, 1);
-  device_close_conn (d->dev);
+  device_put (d->dev);
   free (be->name);
   free (d);
 }
@@ -105,6 +118,7 @@ static const struct backend_ops device_ops = {
   .submit = device_submit,
   .extents = device_be_extents,
   .get_size = device_get_size,
+  .errseq = device_be_errseq,
   .close = device_close,
 };
 
@@ -122,10 +136,11 @@ device_backend_open (const char *spec, struct backend **out,
                     DEVICE_BACKEND_PREFIX);
     return -EINVAL;
   }
-  /* Held like an NBD connection: a reference (the device outlives a
-   * forced remove while stacked on) and an open count (remove refuses).
+  /* A reference: the device outlives anything done to it while a table
+   * holds it.  Not an open count (those are client connections):
+   * remove and rename find the holders themselves (device.c).
    */
-  dev = device_open_conn (name);
+  dev = device_get (name);
   if (dev == NULL) {
     mapper_err_set (err, "%s: no such device '%s' (not loaded: no table "
                     "for it, or tables stacking on each other in a cycle)",
@@ -136,13 +151,13 @@ device_backend_open (const char *spec, struct backend **out,
     mapper_err_set (err, "%s: device '%s' has no live table (not loaded "
                     "yet, or this is its own table: a device cannot stack "
                     "on itself)", spec, name);
-    device_close_conn (dev);
+    device_put (dev);
     return -ENXIO;
   }
   d = calloc (1, sizeof *d);
   if (d == NULL || (d->be.name = strdup (spec)) == NULL) {
     free (d);
-    device_close_conn (dev);
+    device_put (dev);
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }

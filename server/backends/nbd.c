@@ -75,6 +75,7 @@ struct nbd_cmd {
   unsigned parts;               /* libnbd commands not completed (+1 issuing) */
   int error;                    /* first -errno of a part */
   bool lost;                    /* a part saw the connection go */
+  uint64_t ack_mark;            /* IO_FLUSH: nb->ack_clock when sent */
 };
 
 struct cmd_list {
@@ -100,6 +101,7 @@ struct nbd_conn {
   bool retired;                 /* multi-conn lost (keep_only): never reopened */
   struct lookup *lookup;        /* the resolver is making h, or NULL */
   struct cmd_list inflight;
+  uint64_t last_ack;            /* nb->ack_clock at its last write reply */
 };
 
 /* What the first handshake promised; a reconnection must keep it, except
@@ -133,6 +135,15 @@ struct nbd_backend {
   ev_tstamp down_since;         /* no connection up since, or 0 */
   bool single;                  /* multi-conn lost: one connection left */
   uint64_t nr_losses, nr_retries, nr_timeouts;
+  /* Which acknowledged writes a lost connection takes with it: the
+   * clock counts write replies (not FUA), each connection keeps the
+   * count at its last; writes up to flushed_ack were covered by a
+   * successful flush (sent after them), those up to lost_ack are
+   * already reported lost.  A connection lost with nothing after both
+   * loses nothing new: one outage of the server, whose connections go
+   * one after the other, is one loss, not one per connection.
+   */
+  uint64_t ack_clock, flushed_ack, lost_ack;
 };
 
 #define NB(be) ((struct nbd_backend *) (be))
@@ -259,6 +270,32 @@ cmd_free (struct nbd_cmd *cmd)
   cmd->nb->free_cmds = cmd;
 }
 
+/* A command's reply came on its connection: account for what the
+ * connection now holds unflushed (see ack_clock).  A failed write may
+ * have written part: it counts too.
+ */
+static void
+note_reply (struct nbd_cmd *cmd)
+{
+  struct nbd_backend *nb = cmd->nb;
+  struct clone *c = cmd->c;
+
+  if (c == NULL)
+    return;
+  switch (c->op) {
+  case IO_WRITE: case IO_ZERO: case IO_TRIM:
+    if (cmd->error || !(c->flags & MAPPER_FUA))
+      cmd->conn->last_ack = ++nb->ack_clock;
+    break;
+  case IO_FLUSH:
+    if (cmd->error == 0)
+      nb->flushed_ack = MAX (nb->flushed_ack, cmd->ack_mark);
+    break;
+  default:
+    break;
+  }
+}
+
 /* libnbd completion callback for each part (runs under the handle lock:
  * no libnbd calls here).  A part lost with its connection leaves the
  * command on the connection's list for conn_drop to retry.
@@ -275,6 +312,7 @@ part_done (void *opaque, int *error)
   if (--cmd->parts == 0) {
     if (!cmd->lost) {
       list_remove (&cmd->conn->inflight, cmd);
+      note_reply (cmd);
       cmd_complete (cmd, cmd->error);
     }
     else                        /* e.g. ESHUTDOWN: the server is going */
@@ -395,6 +433,8 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
   cmd->parts = 1;               /* held while issuing */
   cmd->error = 0;
   cmd->lost = false;
+  /* A flush covers the writes whose replies came before it is sent. */
+  cmd->ack_mark = cmd->nb->ack_clock;
   list_append (&conn->inflight, cmd);
 
   if (cmd->x) {
@@ -432,6 +472,7 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
   }
   if (--cmd->parts == 0 && !cmd->lost) {
     list_remove (&conn->inflight, cmd);
+    note_reply (cmd);
     cmd_complete (cmd, cmd->error);
   }
   if (cmd->lost)
@@ -861,7 +902,10 @@ conn_drop (struct nbd_conn *conn, const char *why)
   conn->lost = false;
   if (was_up) {
     nb->nr_losses++;
-    backend_writes_lost (&nb->be);
+    if (conn->last_ack > MAX (nb->flushed_ack, nb->lost_ack)) {
+      nb->lost_ack = nb->ack_clock;
+      backend_writes_lost (&nb->be);
+    }
   }
   while ((cmd = conn->inflight.head) != NULL) {
     list_remove (&conn->inflight, cmd);
