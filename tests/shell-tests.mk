@@ -30,6 +30,7 @@ SHELL_TESTS = \
 	test-remote-tls.sh \
 	test-remote-caps.sh \
 	test-remote-flush.sh \
+	test-remote-errseq.sh \
 	test-remote-netns.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \
