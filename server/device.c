@@ -233,6 +233,16 @@ device_create (const char *name, struct device **out, struct mapper_err *err)
   }
   pthread_mutex_init (&dev->lock, NULL);
   pthread_cond_init (&dev->cond, NULL);
+  pthread_mutex_init (&dev->event_lock, NULL);
+  {
+    /* Wait timeouts are intervals: immune to clock changes. */
+    pthread_condattr_t attr;
+    pthread_condattr_init (&attr);
+    pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
+    pthread_cond_init (&dev->event_cond, &attr);
+    pthread_condattr_destroy (&attr);
+  }
+  atomic_init (&dev->event_nr, 0);
   atomic_init (&dev->inflight, 0);
   atomic_init (&dev->suspended, true);
   atomic_init (&dev->open_count, 0);
@@ -270,8 +280,12 @@ unregister_locked (struct device *dev)
 static void
 device_free (struct device *dev)
 {
+  /* A target thread raising an event on dev is done, and none will. */
+  table_bind (dev->live, NULL);
   table_free (dev->live);
   table_free (dev->inactive);
+  pthread_cond_destroy (&dev->event_cond);
+  pthread_mutex_destroy (&dev->event_lock);
   pthread_cond_destroy (&dev->cond);
   pthread_mutex_destroy (&dev->lock);
   for (size_t i = 0; i < dev->nr_old_names; i++)
@@ -684,6 +698,18 @@ device_load (struct device *dev, struct table *t)
   return 0;
 }
 
+/* The swap, under dev->lock: dev->live has just replaced old.  The
+ * targets' events now reach dev from the live table only, and the swap
+ * is an event itself.
+ */
+static void
+live_swapped (struct device *dev, struct table *old)
+{
+  table_bind (old, NULL);
+  table_bind (dev->live, dev);
+  device_event (dev);
+}
+
 /* The backends of old that new does not use: only their data needs an
  * explicit flush at a swap.  Shared ones stay covered by the clients'
  * own flushes, which go to the new table's backends (backends are
@@ -766,7 +792,7 @@ device_resume_swapped (struct device *dev, bool *swapped,
     old = dev->live;
     dev->live = dev->inactive;
     dev->inactive = NULL;
-    dev->event_nr++;
+    live_swapped (dev, old);
     if (swapped)
       *swapped = true;
   }
@@ -936,7 +962,7 @@ device_get_info (struct device *dev, struct device_info *info)
   info->live = dev->live != NULL;
   info->inactive = dev->inactive != NULL;
   info->open_count = atomic_load (&dev->open_count);
-  info->event_nr = dev->event_nr;
+  info->event_nr = atomic_load (&dev->event_nr);
   info->nr_targets = dev->live ? dev->live->nr_targets : 0;
   info->size = dev->live ? dev->live->caps.size : 0;
 }
@@ -993,9 +1019,9 @@ device_remove (struct device *dev, bool force, struct mapper_err *err)
     unregister_locked (dev);
   }
   /* Wake event waiters so they see the removal. */
-  pthread_mutex_lock (&dev->lock);
-  pthread_cond_broadcast (&dev->cond);
-  pthread_mutex_unlock (&dev->lock);
+  pthread_mutex_lock (&dev->event_lock);
+  pthread_cond_broadcast (&dev->event_cond);
+  pthread_mutex_unlock (&dev->event_lock);
   device_put (dev);
   return 0;
 }
@@ -1099,7 +1125,7 @@ device_replace (struct device *dev, struct table *t, bool *swapped,
   old_inactive = dev->inactive;
   dev->live = t;
   dev->inactive = NULL;
-  dev->event_nr++;
+  live_swapped (dev, old_live);
   if (swapped)
     *swapped = true;
   unsuspend_locked (dev);
@@ -1242,16 +1268,26 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
   return 0;
 }
 
+void
+device_event (struct device *dev)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->event_lock);
+
+  atomic_fetch_add (&dev->event_nr, 1);
+  pthread_cond_broadcast (&dev->event_cond);
+}
+
 int
 device_wait_event (struct device *dev, uint64_t event_nr,
                    int64_t timeout_ms, uint64_t *now,
                    struct mapper_err *err)
 {
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->event_lock);
   struct timespec deadline;
+  bool timed_out = false;
 
   if (timeout_ms >= 0) {
-    clock_gettime (CLOCK_REALTIME, &deadline);
+    clock_gettime (CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += timeout_ms / 1000;
     deadline.tv_nsec += (timeout_ms % 1000) * 1000000;
     if (deadline.tv_nsec >= 1000000000) {
@@ -1259,22 +1295,22 @@ device_wait_event (struct device *dev, uint64_t event_nr,
       deadline.tv_nsec -= 1000000000;
     }
   }
-  while (dev->event_nr <= event_nr && !dev->removed) {
+  while (atomic_load (&dev->event_nr) <= event_nr && !dev->removed &&
+         !timed_out) {
     if (timeout_ms < 0)
-      pthread_cond_wait (&dev->cond, &dev->lock);
-    else if (pthread_cond_timedwait (&dev->cond, &dev->lock,
-                                     &deadline) == ETIMEDOUT) {
-      *now = dev->event_nr;
-      mapper_err_set (err, "device '%s': timed out waiting for an event "
-                      "after %" PRIu64 " (now %" PRIu64 ")", dev->name,
-                      event_nr, dev->event_nr);
-      return -ETIMEDOUT;
-    }
+      pthread_cond_wait (&dev->event_cond, &dev->event_lock);
+    else
+      timed_out = pthread_cond_timedwait (&dev->event_cond, &dev->event_lock,
+                                          &deadline) == ETIMEDOUT;
   }
-  *now = dev->event_nr;
-  if (dev->event_nr <= event_nr) {
+  *now = atomic_load (&dev->event_nr);
+  if (*now > event_nr)
+    return 0;
+  if (dev->removed) {
     mapper_err_set (err, "device '%s' was removed", dev->name);
     return -ENOENT;
   }
-  return 0;
+  mapper_err_set (err, "device '%s': timed out waiting for an event after "
+                  "%" PRIu64 " (now %" PRIu64 ")", dev->name, event_nr, *now);
+  return -ETIMEDOUT;
 }

@@ -14,6 +14,7 @@
 #include "internal.h"
 
 mapper_log_fn mapper_debug;
+mapper_log_fn mapper_log;
 bool mapper_trace_io;
 bool mapper_flush_per_target;
 

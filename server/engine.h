@@ -63,6 +63,11 @@ struct mapper_caps {
 typedef void (*mapper_log_fn) (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2)));
 extern mapper_log_fn mapper_debug;   /* NULL: no debug output */
+/* Events an administrator wants to see at the default verbosity (a
+ * mirror leg failed, resync complete), one line each, from any thread,
+ * as the kernel logs them for dmeventd.  NULL: not logged.
+ */
+extern mapper_log_fn mapper_log;
 extern bool mapper_trace_io;         /* log each request's split */
 extern bool mapper_flush_per_target; /* benchmarks only: flush like old dm */
 const char *mapper_version (void);

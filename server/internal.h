@@ -199,6 +199,12 @@ struct table {
   stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;
   size_t nr_flush_hooks;        /* targets with a flush() hook */
+
+  /* The device whose live table this is, NULL while it is not live
+   * (loaded, or replaced): where target_event sends the targets'
+   * events.  Protected by table_event_lock (table.c).
+   */
+  struct device *device;
 };
 /* Keys in one node of the lookup index: one cache line. */
 #define TABLE_INDEX_KEYS (64 / sizeof (uint64_t))
@@ -209,6 +215,11 @@ void table_presuspend (struct table *t);
 void table_resume (struct table *t);
 void table_postsuspend (struct table *t);
 int table_flush_hooks (struct table *t, uint32_t flags);
+/* Send t's events to dev from now on (NULL: nowhere), once an event
+ * being raised on t is done.  t may be NULL.  The swap calls it under
+ * dev->lock; device_free before freeing dev.
+ */
+void table_bind (struct table *t, struct device *dev);
 
 /* device.c */
 struct device {
@@ -231,7 +242,16 @@ struct device {
    * print and persist the name, so rename is refused while > 0.
    */
   _Atomic unsigned stack_holders;
-  uint64_t event_nr;
+
+  /* Events (dm's md->eventq): event_nr counts the table swaps and the
+   * targets' events (target_event), moving on under event_lock, which
+   * waiters sleep on with event_cond (CLOCK_MONOTONIC).  A lock of its
+   * own: a target thread raises events while a suspend holds lock and
+   * waits for that thread.  Order: lock, table_event_lock, event_lock.
+   */
+  pthread_mutex_t event_lock;
+  pthread_cond_t event_cond;
+  _Atomic uint64_t event_nr;
 
   /* Backend errors (flush.c's errseq): the device's own observer, for
    * device_flush without a connection's, and the latest error stamp of
@@ -261,6 +281,10 @@ uint64_t device_errseq (struct device *dev);
 /* Enter/exit the live table for a request (blocks while suspended). */
 struct table *device_enter (struct device *dev);
 void device_exit (struct device *dev);
+/* Move the event counter on and wake device_wait_event (dm's
+ * event_callback); any thread, without dev->lock.
+ */
+void device_event (struct device *dev);
 
 /* extents walk state (io.c) */
 struct extent_walk {

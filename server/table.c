@@ -254,6 +254,8 @@ table_free (struct table *t)
 {
   if (t == NULL)
     return;
+  /* A live table is unbound before it goes (table_bind). */
+  assert (t->device == NULL);
   for (size_t i = 0; i < t->nr_targets; i++)
     if (t->targets[i].type->dtr)
       t->targets[i].type->dtr (&t->targets[i]);
@@ -623,6 +625,47 @@ table_find_target (const struct table *t, uint64_t off)
     for (size_t i = n; i < t->nr_targets; i++)
       __builtin_prefetch (&t->targets[i]);
   return n + node_rank (t->ends + n, off);
+}
+
+/* Protects every table's device pointer and is held while an event is
+ * raised through it, so that the swap unbinding a table, or the free of
+ * its device, waits for an event in flight on it (dm's _event_lock).
+ * Order: dev->lock, then this, then dev->event_lock.
+ */
+static pthread_mutex_t table_event_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void
+table_bind (struct table *t, struct device *dev)
+{
+  if (t == NULL)
+    return;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&table_event_lock);
+  t->device = dev;
+}
+
+void
+target_event (struct target *ti, const char *fmt, ...)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&table_event_lock);
+  struct device *dev = ti->table->device;
+
+  /* Logged first: whoever the event wakes finds the line written. */
+  if (mapper_log) {
+    char msg[512];
+    va_list ap;
+
+    va_start (ap, fmt);
+    vsnprintf (msg, sizeof msg, fmt, ap);
+    va_end (ap);
+    if (dev)
+      mapper_log ("%s: device %s: %s", ti->type->name, device_name (dev),
+                  msg);
+    else
+      mapper_log ("%s: %s (not live): %s", ti->type->name, ti->table->origin,
+                  msg);
+  }
+  if (dev)
+    device_event (dev);
 }
 
 void

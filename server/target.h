@@ -123,6 +123,18 @@ int target_get_backend (struct target *ti, const char *spec,
 void *target_private_alloc (struct target *ti, size_t size);
 void target_private_free (struct target *ti, void *p);
 
+/* table.c: for targets: something an administrator waits for happened
+ * (a mirror leg failed, resync is complete; dm_table_event).  Logs
+ * "TARGET: device NAME: MESSAGE" through mapper_log, then raises an event
+ * on the device whose live table ti's is (nbdmsetup wait returns); a
+ * table that is not live raises none and is named by its origin.  From
+ * any thread, even a completion (end_io) or the resync worker while a
+ * suspend waits for it: it never takes dev->lock, only two short locks
+ * of its own (table_event_lock, dev->event_lock).
+ */
+void target_event (struct target *ti, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+
 /* table.c: the constructor of targets that take no arguments. */
 int target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
                         struct mapper_err *err);

@@ -1,13 +1,14 @@
 /* Engine control plane: reference counts across remove, rename (old
  * names stay valid), replace (event, tables, data path), remove --force
  * (error table for open clients), clear, info, table/status text, wait
- * with timeout, message routing, targets registry.
+ * with timeout, events from targets (target_event: only from the live
+ * table, logged), message routing, targets registry.
  */
 #include <config.h>
 
 #include <pthread.h>
 
-#include "engine.h"
+#include "internal.h"
 #include "unit.h"
 
 static struct table *
@@ -35,6 +36,78 @@ wait_thread (void *p)
 
   w->r = device_wait_event (w->dev, w->after, 10000, &w->now, &err);
   return NULL;
+}
+
+static uint64_t
+event_nr (struct device *dev)
+{
+  struct device_info info;
+
+  device_get_info (dev, &info);
+  return info.event_nr;
+}
+
+/* A target's event (target_event) goes to the device whose live table
+ * it is, logged first through mapper_log; a table that is not live, only
+ * loaded or not loaded at all, raises none and is named by its origin.
+ */
+static void
+test_target_events (void)
+{
+  struct mapper_err err = { "" };
+  struct device *dev;
+  struct table *t;
+  uint64_t now;
+
+  mapper_log = unit_capture_events;
+  unit_events_clear ();
+  CHECK_EQ (device_create ("ev", &dev, &err), 0);
+  device_load (dev, parse ("0 2048 zero\n"));
+  CHECK_EQ (device_resume (dev, &err), 0);
+  CHECK_EQ (event_nr (dev), 1);
+
+  target_event (&dev->live->targets[0], "something %d happened", 42);
+  CHECK_EQ (event_nr (dev), 2);
+  CHECKF (unit_event_logged ("zero: device ev: something 42 happened\n"),
+          "log '%s'", unit_events);
+  CHECK_EQ (device_wait_event (dev, 1, 0, &now, &err), 0);
+  CHECK_EQ (now, 2);
+
+  /* It wakes a waiter. */
+  {
+    struct waiter w = { .dev = dev, .after = 2 };
+    pthread_t th;
+    pthread_create (&th, NULL, wait_thread, &w);
+    target_event (&dev->live->targets[0], "wake up");
+    pthread_join (th, NULL);
+    CHECK_EQ (w.r, 0);
+    CHECK_EQ (w.now, 3);
+  }
+
+  /* Not live: nothing raised, while parsed and while inactive; once
+   * resumed it is the device's.
+   */
+  t = parse ("0 8 zero\n");
+  target_event (&t->targets[0], "parsed");
+  CHECK_EQ (event_nr (dev), 3);
+  CHECKF (unit_event_logged ("zero: unit (not live): parsed\n"),
+          "log '%s'", unit_events);
+  device_load (dev, t);
+  target_event (&t->targets[0], "inactive");
+  CHECK_EQ (event_nr (dev), 3);
+  CHECK_EQ (device_wait_event (dev, 3, 0, &now, &err), -ETIMEDOUT);
+  CHECK_EQ (device_resume (dev, &err), 0);
+  CHECK_EQ (event_nr (dev), 4);         /* the swap */
+  target_event (&t->targets[0], "live now");
+  CHECK_EQ (event_nr (dev), 5);
+  CHECKF (unit_event_logged ("zero: device ev: live now\n"),
+          "log '%s'", unit_events);
+
+  /* Without a log hook the event still counts. */
+  mapper_log = NULL;
+  target_event (&t->targets[0], "quiet");
+  CHECK_EQ (event_nr (dev), 6);
+  device_destroy (dev);          /* unbinds the live table (table_free asserts) */
 }
 
 int
@@ -195,6 +268,8 @@ main (void)
     CHECK_EQ (device_count (), 0);
     CHECK (device_lookup ("scale-0") == NULL);
   }
+
+  test_target_events ();
 
   /* targets registry. */
   CHECK (target_type_count () >= 4);

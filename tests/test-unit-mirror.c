@@ -10,6 +10,9 @@
  *  - resync of a "sync" mirror with foreground writes racing it: legs
  *    byte-identical and equal to the model at the end; reads during
  *    resync only see leg 0's data;
+ *  - events (nbdmsetup wait) and their log lines: a leg's first error
+ *    of each kind, resync complete, resync stopped; none from a table
+ *    replaced while it resynced, and no crash however often it is;
  *  - stacking cycles refused (self, A -> B -> A); a flush of a mirror
  *    over two stacked devices on one file flushes that file once.
  */
@@ -62,6 +65,20 @@ reload (struct device *dev, const char *text)
   if (device_load (dev, t) < 0 || device_resume (dev, &err) < 0)
     UNIT_FATAL ("reload %s: %s", device_name (dev), err.msg);
 }
+
+static uint64_t
+event_nr (struct device *dev)
+{
+  struct device_info info;
+
+  device_get_info (dev, &info);
+  return info.event_nr;
+}
+
+/* Has a line with want been logged (mapper_log)? */
+#define CHECK_LOGGED(want) \
+  CHECKF (unit_event_logged (want), "no '%s' in the log:\n%s", want, \
+          unit_events)
 
 static void
 status_of (struct device *dev, char *buf, size_t len)
@@ -304,8 +321,10 @@ test_leg_failure (bool handle_errors)
   low = mkdev ("lowA", lowA);
   dev = mkdev ("m", text);
   CHECK_EQ (device_pwrite (dev, model, LEG_SIZE, 0, 0), 0);
+  unit_events_clear ();
 
   reload (low, dead);
+  CHECK_EQ (event_nr (dev), 1);         /* nothing failed on m yet */
   /* Offset 0 reads from leg 0 first (reads change leg every 1 MiB): the
    * error is retried on leg 1 and the client never sees it.
    */
@@ -316,6 +335,9 @@ test_leg_failure (bool handle_errors)
             "1 core", LEG_SECTORS, B);
   status_of (dev, st, sizeof st);
   CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+  /* Each first error of a kind is an event, in both modes. */
+  CHECK_EQ (event_nr (dev), 2);
+  CHECK_LOGGED ("mirror: device m: leg 0 mapper:lowA failed a read\n");
 
   /* Writes: kept going on B with handle_errors, failed without. */
   unit_fill (model, 65536, 12, 0);
@@ -327,6 +349,8 @@ test_leg_failure (bool handle_errors)
             "1 core", LEG_SECTORS, B);
   status_of (dev, st, sizeof st);
   CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+  CHECK_EQ (event_nr (dev), 3);         /* one for two failed writes */
+  CHECK_LOGGED ("mirror: device m: leg 0 mapper:lowA failed a write\n");
   CHECK_EQ (device_pread (dev, buf, 65536, 0, 0), 0);
   CHECK (memcmp (buf, model, 65536) == 0);
   check_file (B, model, 65536, "surviving leg");
@@ -358,11 +382,18 @@ test_flush_failure (bool handle_errors)
   unit_fill (data, 65536, 3, 0);
   CHECK_EQ (device_pwrite (dev, data, 65536, 0, 0), 0);
   backend_writes_lost (legB);
+  unit_events_clear ();
   CHECK_EQ (device_flush (dev, 0), handle_errors ? 0 : -EIO);
   snprintf (want, sizeof want, "0 %llu mirror 2 %s %s 32/32 1 AF 1 core",
             LEG_SECTORS, A, B);
   status_of (dev, st, sizeof st);
   CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+  CHECK_EQ (event_nr (dev), 2);
+  {
+    CLEANUP_FREE char *line =
+      unit_sprintf ("mirror: device m: leg 1 %s failed a flush\n", B);
+    CHECK_LOGGED (line);
+  }
   /* With handle_errors the leg is out: new writes reach A only. */
   unit_fill (data, 65536, 4, 0);
   CHECK_EQ (device_pwrite (dev, data, 65536, 65536, 0), 0);
@@ -439,6 +470,7 @@ test_resync (void)
   struct device *dev;
   pthread_t thr;
   char st[1024];
+  uint64_t now;
 
   unit_fill (model, LEG_SIZE, 21, 0);
   unit_write_file (A, model, LEG_SIZE);
@@ -457,9 +489,17 @@ test_resync (void)
 
   w.dev = dev;
   w.model = model;
+  unit_events_clear ();
   CHECK_EQ (pthread_create (&thr, NULL, writer, &w), 0);
   CHECK_EQ (engine_start (&err), 0);
-  CHECK (wait_in_sync (dev, " 64/64 1 AAA 1 core"));
+  /* Done when the event says so (not later: the status is all in sync
+   * by then), and logged.
+   */
+  CHECK_EQ (device_wait_event (dev, 1, 60000, &now, &err), 0);
+  CHECK_EQ (now, 2);
+  status_of (dev, st, sizeof st);
+  CHECKF (strstr (st, " 64/64 1 AAA 1 core") != NULL, "status '%s'", st);
+  CHECK_LOGGED ("mirror: device m: resync complete, 64/64 regions in sync\n");
   atomic_store (&w.stop, true);
   pthread_join (thr, NULL);
   CHECK_EQ (device_flush (dev, 0), 0);
@@ -474,8 +514,32 @@ test_resync (void)
    */
   unit_write_file (C, NULL, LEG_SIZE);
   reload (dev, text);
+  CHECK_EQ (device_wait_event (dev, 3, 60000, &now, &err), 0);
   CHECK (wait_in_sync (dev, " 64/64 1 AAA 1 core"));
   check_file (C, model, LEG_SIZE, "replaced leg C");
+
+  /* Replaced over and over while it resyncs: each swap stops the old
+   * table's resync and drops it while the worker may be raising an event
+   * on it (ASan would tell).  The last table's completion is an event;
+   * the dropped ones raise none after it.  e is read before the status:
+   * a completion after it moves the counter past e.
+   */
+  for (int i = 0; i < 50; i++)
+    reload (dev, text);
+  for (;;) {
+    uint64_t e = event_nr (dev);
+    status_of (dev, st, sizeof st);
+    if (strstr (st, " 64/64 1 AAA 1 core"))
+      break;
+    if (device_wait_event (dev, e, 60000, &now, &err) < 0) {
+      CHECKF (0, "no event: %s", err.msg);
+      break;
+    }
+  }
+  {
+    uint64_t e = event_nr (dev);
+    CHECK_EQ (device_wait_event (dev, e, 200, &now, &err), -ETIMEDOUT);
+  }
 
   /* Destroyed in the middle of a resync. */
   unit_write_file (C, NULL, LEG_SIZE);
@@ -483,6 +547,46 @@ test_resync (void)
   device_destroy (dev);
   engine_stop ();
   fprintf (stderr, "resync: %u foreground writes raced it\n", w.nr);
+}
+
+/* Leg 0, the resync source, is dead before resync starts: the failed
+ * read is one event, resync stopping another, both logged.
+ */
+static void
+test_resync_stopped (void)
+{
+  CLEANUP_FREE char *lowA = unit_sprintf ("0 %llu linear %s 0\n",
+                                          LEG_SECTORS, A);
+  CLEANUP_FREE char *dead = unit_sprintf ("0 %llu error\n", LEG_SECTORS);
+  CLEANUP_FREE char *text =
+    unit_sprintf ("0 %llu mirror core 2 64 sync 2 mapper:lowA 0 %s 0\n",
+                  LEG_SECTORS, B);
+  struct mapper_err err = { "" };
+  struct device *low, *dev;
+  char st[1024], want[1024];
+  uint64_t now = 0;
+
+  low = mkdev ("lowA", lowA);
+  dev = mkdev ("m", text);
+  reload (low, dead);
+  unit_events_clear ();
+  CHECK_EQ (engine_start (&err), 0);
+  for (uint64_t e = 1; e < 3; e = now)
+    if (device_wait_event (dev, e, 60000, &now, &err) < 0) {
+      CHECKF (0, "event %" PRIu64 ": %s", e + 1, err.msg);
+      break;
+    }
+  CHECK_EQ (event_nr (dev), 3);
+  snprintf (want, sizeof want, "0 %llu mirror 2 mapper:lowA %s 0/32 1 RA "
+            "1 core", LEG_SECTORS, B);
+  status_of (dev, st, sizeof st);
+  CHECKF (strcmp (st, want) == 0, "status '%s', want '%s'", st, want);
+  CHECK_LOGGED ("mirror: device m: leg 0 mapper:lowA failed a resync read\n");
+  CHECK_LOGGED ("mirror: device m: resync stopped: leg 0 mapper:lowA (the "
+                "source) failed, 0/32 regions in sync\n");
+  device_destroy (dev);
+  device_destroy (low);
+  engine_stop ();
 }
 
 /* --- stacking ----------------------------------------------------------- */
@@ -562,6 +666,7 @@ test_stacking (void)
 int
 main (void)
 {
+  mapper_log = unit_capture_events;
   A = strdup (unit_path ("a.img"));
   B = strdup (unit_path ("b.img"));
   C = strdup (unit_path ("c.img"));
@@ -577,6 +682,7 @@ main (void)
   test_flush_failure (true);
   test_flush_failure (false);
   test_resync ();
+  test_resync_stopped ();
   test_stacking ();
   free (A);
   free (B);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -254,6 +255,54 @@ unit_capture_log (const char *fmt, ...)
   vsnprintf (unit_last_log, sizeof unit_last_log, fmt, ap);
   va_end (ap);
   unit_nr_logs++;
+}
+
+/* For mapper_log, which any thread may call: keeps every line (up to
+ * the buffer's size), newline-separated.
+ */
+__attribute__ ((unused)) static char unit_events[65536];
+__attribute__ ((unused)) static pthread_mutex_t unit_events_lock =
+  PTHREAD_MUTEX_INITIALIZER;
+
+__attribute__ ((unused, format (printf, 1, 2)))
+static void
+unit_capture_events (const char *fmt, ...)
+{
+  va_list ap;
+  size_t used;
+
+  pthread_mutex_lock (&unit_events_lock);
+  used = strlen (unit_events);
+  if (used + 2 < sizeof unit_events) {
+    /* Room for the newline after the line, and the NUL. */
+    va_start (ap, fmt);
+    vsnprintf (unit_events + used, sizeof unit_events - used - 1, fmt, ap);
+    va_end (ap);
+    strcat (unit_events, "\n");
+  }
+  pthread_mutex_unlock (&unit_events_lock);
+}
+
+/* Has a line containing s been captured? */
+__attribute__ ((unused))
+static bool
+unit_event_logged (const char *s)
+{
+  bool r;
+
+  pthread_mutex_lock (&unit_events_lock);
+  r = strstr (unit_events, s) != NULL;
+  pthread_mutex_unlock (&unit_events_lock);
+  return r;
+}
+
+__attribute__ ((unused))
+static void
+unit_events_clear (void)
+{
+  pthread_mutex_lock (&unit_events_lock);
+  unit_events[0] = '\0';
+  pthread_mutex_unlock (&unit_events_lock);
 }
 
 /* asprintf that cannot fail (for building table texts). */

@@ -164,6 +164,20 @@ log_debug (const char *fmt, ...)
   nbdkit_debug ("%s", buf);
 }
 
+/* The engine's events (a mirror leg failed, resync complete): nbdkit
+ * 1.32 has no level between debug and error, and only error is printed
+ * at the default verbosity, so they go out as errors.
+ */
+static void
+log_event (const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  nbdkit_verror (fmt, ap);
+  va_end (ap);
+}
+
 /* The device name of a table file: basename without ".table". */
 static char *
 device_name_of (const char *path)
@@ -236,6 +250,7 @@ static int
 mapper_config_complete (void)
 {
   mapper_debug = log_debug;
+  mapper_log = log_event;
   mapper_trace_io = mapper_debug_io != 0;
   mapper_flush_per_target = mapper_debug_flush_per_target != 0;
 

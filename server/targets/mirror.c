@@ -11,6 +11,9 @@
  * write fails.  A failed leg stays failed until a reload replaces it.
  * Resync copies from leg 0 (dm's default mirror); if leg 0 fails before
  * it is done, resync stops and regions not yet in sync fail reads.
+ * Events (target_event: logged, and nbdmsetup wait returns), as
+ * dm-raid1 raises for dmeventd: a leg's first error of each kind, resync
+ * complete, resync stopped.
  *
  * Resync: a bitmap of regions in sync, allocated at ctr.  With "sync" (or
  * no sync argument, as dm's core log) every region starts out of sync and
@@ -52,7 +55,7 @@ struct mirror_leg {
 
 struct mirror {
   /* Read-only after ctr. */
-  const struct table *table;    /* for origin in messages */
+  struct target *ti;            /* for events and messages */
   uint64_t len;                 /* target length, bytes */
   uint64_t region_size;         /* bytes, a power of two */
   unsigned region_shift;
@@ -222,9 +225,13 @@ log_state (struct mirror *m, const char *what)
   if (mapper_debug == NULL)
     return;
   mirror_info (m, status, sizeof status);
-  mapper_debug ("mirror %s (%s): %s", m->table->origin, what, status);
+  mapper_debug ("mirror %s (%s): %s", m->ti->table->origin, what, status);
 }
 
+/* A leg's first error of a kind changes its status letter: an event, as
+ * dm-raid1's fail_mirror raises (dm only with handle_errors; here in
+ * both modes, since the status changed either way).
+ */
 static void
 mark_leg (struct mirror *m, unsigned leg, unsigned bit, const char *what)
 {
@@ -233,6 +240,7 @@ mark_leg (struct mirror *m, unsigned leg, unsigned bit, const char *what)
     snprintf (msg, sizeof msg, "leg %u %s %s", leg,
               m->legs[leg].be->name, what);
     log_state (m, msg);
+    target_event (m->ti, "%s", msg);
   }
 }
 
@@ -335,12 +343,24 @@ resync_worker (void *arg)
 
     seen = atomic_load (&m->fg_ios);
     r = copy_region (m, buf, region);
+    /* Raised while resync_current is m: a swap waits for that
+     * (postsuspend) before it unbinds the table, so they reach the
+     * device the table is live on.  Each happens once: m is not queued
+     * again after either.
+     */
     if (r < 0) {
       atomic_store (&m->resync_failed, true);
       log_state (m, "resync stopped: the source leg failed");
+      target_event (m->ti, "resync stopped: leg 0 %s (the source) failed, "
+                    "%" PRIu64 "/%" PRIu64 " regions in sync",
+                    m->legs[0].be->name,
+                    (uint64_t) atomic_load (&m->nr_in_sync), m->nr_regions);
     }
-    else if (atomic_load (&m->all_in_sync))
+    else if (atomic_load (&m->all_in_sync)) {
       log_state (m, "resync complete");
+      target_event (m->ti, "resync complete, %" PRIu64 "/%" PRIu64
+                    " regions in sync", m->nr_regions, m->nr_regions);
+    }
     /* Foreground I/O keeps priority: after a region that competed with
      * it, let it run alone for a while.
      */
@@ -705,7 +725,7 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }
-  m->table = ti->table;
+  m->ti = ti;
   m->len = ti->len;
   m->region_size = region << MAPPER_SECTOR_SHIFT;
   m->region_shift = __builtin_ctzll (m->region_size);
