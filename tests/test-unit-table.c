@@ -775,6 +775,38 @@ test_device_names (void)
   expect_bad_name (__LINE__, "\tab", EINVAL, "control character 0x09");
   expect_bad_name (__LINE__, "ab\x1f", EINVAL, "control character 0x1f");
   expect_bad_name (__LINE__, "ab\x7f", EINVAL, "control character 0x7f");
+  /* UTF-8: every length of sequence, up to U+10FFFF. */
+  CHECK (device_check_name ("\xc2\xa0\xe2\x82\xac\xf0\x9f\x98\x80", &err)
+         == 0);                 /* U+00A0 U+20AC U+1F600 */
+  CHECK (device_check_name ("\xed\x9f\xbf\xee\x80\x80", &err) == 0);
+  CHECK (device_check_name ("\xf4\x8f\xbf\xbf", &err) == 0);  /* U+10FFFF */
+  /* C1 controls (U+0080..U+009F), written as UTF-8. */
+  expect_bad_name (__LINE__, "a\xc2\x80", EINVAL, "U+0080 at byte 1");
+  expect_bad_name (__LINE__, "ab\xc2\x85", EINVAL, "U+0085 at byte 2");
+  expect_bad_name (__LINE__, "\xc2\x9f", EINVAL, "U+009F at byte 0");
+  /* Not UTF-8: lone and stray bytes, truncated sequences, overlongs,
+   * surrogates, beyond U+10FFFF.
+   */
+  expect_bad_name (__LINE__, "a\xff" "b", EINVAL, "not valid UTF-8 at byte 1");
+  expect_bad_name (__LINE__, "a\xfe", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\x80", EINVAL, "not valid UTF-8 at byte 0");
+  expect_bad_name (__LINE__, "ab\xbf", EINVAL, "at byte 2 (0xbf)");
+  expect_bad_name (__LINE__, "\xc3", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xc3x", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xe2\x82", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf0\x9f\x98", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xc0\xaf", EINVAL, "not valid UTF-8");   /* '/' */
+  expect_bad_name (__LINE__, "\xc1\xbf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xc0\x80", EINVAL, "not valid UTF-8");   /* NUL */
+  expect_bad_name (__LINE__, "\xe0\x80\xaf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xe0\x9f\xbf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf0\x8f\xbf\xbf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xed\xa0\x80", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xed\xbf\xbf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf4\x90\x80\x80", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf5\x80\x80\x80", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf8\x88\x80\x80\x80", EINVAL,
+                   "not valid UTF-8");
   expect_bad_name (__LINE__, "control", EINVAL, "reserved");
   expect_bad_name (__LINE__, ".", EINVAL, NULL);
   expect_bad_name (__LINE__, "..", EINVAL, NULL);
