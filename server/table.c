@@ -352,7 +352,9 @@ parse_line (struct table *t, uint64_t expect, string_vector *w,
   }
   if (__builtin_add_overflow (begin, len, &end) || end > INT64_MAX) {
     mapper_err_set (err, "start %s + length %s overflows the maximum "
-                    "device size", w->ptr[0], w->ptr[1]);
+                    "device size: a device ends at sector "
+                    MAPPER_MAX_SECTORS_TEXT " at most (NBD sizes are below "
+                    "2^63 bytes)", w->ptr[0], w->ptr[1]);
     return -EINVAL;
   }
   if (expect == 0 && begin != 0) {

@@ -183,6 +183,32 @@ test_numbers (void)
                  "length '18014398509481984'", NULL);
   }
 
+  /* Past it, even within 64 bits (2^63 - 1 sectors): the message says
+   * what the limit is.
+   */
+  {
+    static const char *const big[] = {
+      "18014398509481984", "9223372036854775807", "18446744073709551615",
+      "18446744073709551616",
+    };
+    const char *limit = "overflows the largest NBD size: at most "
+      "18014398509481983 sectors";
+    char want[128];
+
+    for (size_t i = 0; i < ARRAY_SIZE (big); i++) {
+      snprintf (want, sizeof want, "length '%s'", big[i]);
+      FAIL_FMT (EINVAL, 1, want, limit, "0 %s zero\n", big[i]);
+      snprintf (want, sizeof want, "start '%s'", big[i]);
+      FAIL_FMT (EINVAL, 2, want, limit, "0 8 zero\n%s 8 zero\n", big[i]);
+      snprintf (want, sizeof want, "offset '%s'", big[i]);
+      FAIL_FMT (EINVAL, 1, want, limit, "0 8 linear %s %s\n", A, big[i]);
+    }
+    expect_fail ("0 18014398509481983 zero\n18014398509481983 1 zero\n",
+                 EINVAL, 2, "start 18014398509481983 + length 1 overflows "
+                 "the maximum device size", "a device ends at sector "
+                 "18014398509481983 at most");
+  }
+
   /* start + length beyond the largest device size. */
   expect_fail ("0 18014398509481983 zero\n18014398509481983 1 zero\n",
                EINVAL, 2, "overflows the maximum device size", NULL);
