@@ -508,6 +508,7 @@ table_parse_file (const char *path, struct table **out,
                   struct mapper_err *err)
 {
   CLEANUP_FREE char *text = NULL;
+  const char *nul;
   size_t size = 0;
   FILE *fp;
   int r;
@@ -539,8 +540,9 @@ table_parse_file (const char *path, struct table **out,
       return r;
     }
   }
-  if (memchr (text, '\0', size) != NULL) {
-    mapper_err_set (err, "%s: table contains a NUL byte", path);
+  if ((nul = memchr (text, '\0', size)) != NULL) {
+    mapper_err_set (err, "%s: table contains a NUL byte at offset %zu",
+                    path, (size_t) (nul - text));
     r = -EINVAL;
   }
   else

@@ -344,6 +344,32 @@ connect_control (struct conn *c, unsigned cmd)
     die ("%s", errmsg);
 }
 
+/* The table a request carries came from this file ("stdin" for -), or
+ * from --table (NULL).
+ */
+static const char *table_file;
+
+/* The server names a bad table line "COMMAND NAME:LINE:" (and an empty
+ * table "COMMAND NAME: table is empty"), not knowing the file: name the
+ * file instead, as the server does at start.
+ */
+static void __attribute__ ((noreturn))
+die_table_error (unsigned cmd, const char *name, const char *msg)
+{
+  const char *cmdname = proto_cmd_name (cmd);
+  size_t n = strlen (cmdname), m = strlen (name);
+
+  if (table_file && strncmp (msg, cmdname, n) == 0 && msg[n] == ' ' &&
+      strncmp (msg + n + 1, name, m) == 0 && msg[n + 1 + m] == ':') {
+    const char *rest = msg + n + 1 + m + 1;   /* after "COMMAND NAME:" */
+    size_t digits = strspn (rest, "0123456789");
+    if ((digits > 0 && rest[digits] == ':') ||
+        strncmp (rest, " table is empty", 15) == 0)
+      die ("%s:%s", table_file, rest);
+  }
+  die ("%s", msg);
+}
+
 /* Send one request; return the response payload (malloc'd, NUL-ended).
  * A server-side error is printed and exits 1.
  */
@@ -384,8 +410,14 @@ call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
   free (rsp);
   if (payload == NULL)
     die ("out of memory");
-  if (status != PROTO_OK)
-    die ("%s", *payload ? payload : proto_status_name (status));
+  if (status != PROTO_OK) {
+    if (*payload == '\0')
+      die ("%s", proto_status_name (status));
+    if (cmd == PROTO_CMD_CREATE || cmd == PROTO_CMD_LOAD ||
+        cmd == PROTO_CMD_REPLACE)
+      die_table_error (cmd, args[0], payload);
+    die ("%s", payload);
+  }
   return payload;
 }
 
@@ -465,15 +497,16 @@ split_rows (char *payload, struct row **rows)
 
 /* --- commands ---------------------------------------------------------- */
 
-/* cmd's TABLE from a file, "-" (stdin), or --table. */
+/* cmd's TABLE from a file, "-" (stdin), or --table; sets table_file. */
 static char *
 read_table (const char *cmd, const char *arg)
 {
   FILE *fp, *mem;
-  char *buf = NULL;
+  char *buf = NULL, *nul;
   size_t len = 0;
   int ch;
 
+  table_file = NULL;
   if (opts.table_text) {
     buf = strdup (opts.table_text);
     if (buf == NULL)
@@ -486,19 +519,30 @@ read_table (const char *cmd, const char *arg)
       die ("%s: give the table as a file or --table TEXT in a batch "
            "read from standard input", cmd);
     fp = stdin;
+    table_file = "stdin";
   }
   else if ((fp = fopen (arg, "r")) == NULL)
     die ("%s: %s", arg, strerror (errno));
+  else
+    table_file = arg;
   mem = open_memstream (&buf, &len);
   if (mem == NULL)
     die ("out of memory");
   while ((ch = getc (fp)) != EOF)
     putc (ch, mem);
   if (ferror (fp))
-    die ("%s: read error", arg ? arg : "stdin");
+    die ("%s: read error", table_file);
   if (fp != stdin)
     fclose (fp);
-  fclose (mem);
+  if (fclose (mem) == EOF)
+    die ("out of memory");
+  /* The request carries text: a NUL would end the table there and the
+   * server would load the part before it (it refuses such a file at
+   * start).
+   */
+  if ((nul = memchr (buf, '\0', len)) != NULL)
+    die ("%s: table contains a NUL byte at offset %zu", table_file,
+         (size_t) (nul - buf));
   return buf;
 }
 
@@ -808,18 +852,45 @@ commands[] = {
   { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
 };
 
-/* Check a command's name, argument count and options (before
- * connecting).
+/* The options that belong to one command: given to another, they would
+ * be ignored without a word.
  */
+static void
+check_options (const char *cmd, unsigned code, int argc, char *argv[])
+{
+  static const struct { uint32_t flag; const char *name; unsigned code; }
+  flag_opts[] = {
+    { PROTO_F_NOFLUSH, "--noflush", PROTO_CMD_SUSPEND },
+    { PROTO_F_FORCE, "--force", PROTO_CMD_REMOVE },
+    { PROTO_F_INACTIVE, "--inactive", PROTO_CMD_TABLE },
+    { PROTO_F_SHOWKEYS, "--showkeys", PROTO_CMD_TABLE },
+    { PROTO_F_BACKENDS, "--backends", PROTO_CMD_STATUS },
+  };
+  bool takes_table = code == PROTO_CMD_CREATE || code == PROTO_CMD_LOAD ||
+    code == PROTO_CMD_REPLACE;
+
+  for (size_t i = 0; i < sizeof flag_opts / sizeof flag_opts[0]; i++)
+    if ((opts.flags & flag_opts[i].flag) && code != flag_opts[i].code)
+      die ("%s is an option of %s", flag_opts[i].name,
+           proto_cmd_name (flag_opts[i].code));
+  if (opts.uuid && code != PROTO_CMD_CREATE)
+    die ("--uuid is an option of create");
+  if (opts.table_text && !takes_table)
+    die ("--table is an option of create, load, reload and replace");
+  /* The table is the argument after NAME or --table, not both. */
+  if (opts.table_text && argc == 2)
+    die ("%s: a table file ('%s') and --table: give one of them", cmd,
+         argv[1]);
+}
+
+/* Check a command's name, arguments and options (before connecting). */
 static unsigned
-command_code (const char *cmd, int argc)
+command_code (const char *cmd, int argc, char *argv[])
 {
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp (cmd, commands[i].name) == 0) {
       need (argc, commands[i].min, commands[i].max, cmd);
-      if ((opts.flags & PROTO_F_BACKENDS) &&
-          commands[i].code != PROTO_CMD_STATUS)
-        die ("--backends is an option of status");
+      check_options (cmd, commands[i].code, argc, argv);
       return commands[i].code;
     }
   die ("unknown command '%s' (see nbdmsetup --help)", cmd);
@@ -950,6 +1021,7 @@ run_batch (struct conn *c, const char *file)
   FILE *fp = stdin;
   char *line = NULL;
   size_t cap = 0;
+  ssize_t len;
   const struct options defaults = opts;   /* from the command line */
 
   if (file && strcmp (file, "-") != 0 && (fp = fopen (file, "r")) == NULL)
@@ -958,11 +1030,15 @@ run_batch (struct conn *c, const char *file)
   if (stdin_is_batch)
     file = "stdin";
   batch_file = file;
-  while (getline (&line, &cap, fp) != -1) {
+  while ((len = getline (&line, &cap, fp)) != -1) {
     char *words[PROTO_MAX_ARGS + 3];  /* "nbdmsetup", words, NULL */
+    char *nul;
     int n;
 
     batch_lineno++;
+    /* It would end the line there, and the rest be dropped unseen. */
+    if ((nul = memchr (line, '\0', len)) != NULL)
+      die ("NUL byte at offset %zu of the line", (size_t) (nul - line));
     n = split_words (line, words + 1, PROTO_MAX_ARGS + 1);
     if (n == 0)
       continue;
@@ -976,7 +1052,7 @@ run_batch (struct conn *c, const char *file)
     if (strcmp (cmd, "batch") == 0)
       die ("batch: not a command of a batch");
     int argc = n + 1 - optind - 1;
-    unsigned code = command_code (cmd, argc);
+    unsigned code = command_code (cmd, argc, words + optind + 1);
     run_command (c, cmd, code, argc, words + optind + 1);
   }
   batch_file = NULL;
@@ -1016,7 +1092,7 @@ main (int argc, char *argv[])
   if (strcmp (cmd, "batch") == 0)
     need (argc, 0, 1, cmd);
   else
-    code = command_code (cmd, argc);
+    code = command_code (cmd, argc, argv);
 
   connect_control (&c, code);
   if (code == 0)
