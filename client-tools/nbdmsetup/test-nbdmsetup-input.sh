@@ -2,7 +2,8 @@
 # Bad input that nbdmsetup or the server used to take in silence, or
 # reported in the wrong terms: each is refused, the message names the
 # place (file and line or byte offset, the option, the limit), and
-# nothing changes.
+# nothing changes.  Also: stale temporary table files are removed at
+# start.
 source "$(dirname "$0")/functions-ms.sh"
 
 requires nbdinfo --version
@@ -131,4 +132,25 @@ ms create g1 --table "0 18014398509481983 zero"
 ms remove g1
 before=$(snapshot)
 
+# --- Stale DIR/.NAME.table.tmp files (a save cut short by a crash; they
+# may hold crypt keys) are removed at start, and the log says so; other
+# files stay.
+stop_server
+echo "0 8 crypt aes-xts-plain64 $(printf '%064d' 7) 0 $a 0" \
+    > "$tmpdir/tables/.d1.table.tmp"
+echo "0 8 zero" > "$tmpdir/tables/.gone.table.tmp"
+echo "keep" > "$tmpdir/tables/notes.table.tmp"
+mkdir "$tmpdir/tables/.dir.table.tmp"
+rm -f "$tmpdir/pid"
+mapper -v -U "$sock" -P "$tmpdir/pid" tables="$tmpdir/tables" \
+    2> "$tmpdir/start.log"
+cleanup_fn "stop_server"
+[ ! -e "$tmpdir/tables/.d1.table.tmp" ] || die ".d1.table.tmp not removed"
+[ ! -e "$tmpdir/tables/.gone.table.tmp" ] || die ".gone.table.tmp not removed"
+[ -e "$tmpdir/tables/notes.table.tmp" ] || die "notes.table.tmp removed"
+[ -d "$tmpdir/tables/.dir.table.tmp" ] || die "a directory was removed"
+grep -q "tables=$tmpdir/tables: removed .d1.table.tmp, left by a save that did not finish" \
+    "$tmpdir/start.log" || die "no log line for .d1.table.tmp: $(grep tables= "$tmpdir/start.log")"
+[ "$(ms ls)" = d1 ] || die "devices after start: $(ms ls)"
+[ "$(ms table d1)" = "0 2048 linear $a 0" ] || die "d1's table changed"
 echo "$0: ok"
