@@ -26,6 +26,37 @@ DEFINE_VECTOR_TYPE (device_vector, struct device *);
 static pthread_mutex_t devices_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static device_vector devices;          /* in creation order */
 
+/* The code point of the UTF-8 sequence at p, and its length; 0 if it
+ * is not valid (truncated, overlong, a surrogate, above U+10FFFF).
+ */
+static size_t
+utf8_decode (const unsigned char *p, uint32_t *cp)
+{
+  size_t n;
+  uint32_t min;
+
+  if (p[0] < 0x80) {
+    *cp = p[0];
+    return 1;
+  }
+  if ((p[0] & 0xe0) == 0xc0)
+    n = 2, min = 0x80, *cp = p[0] & 0x1f;
+  else if ((p[0] & 0xf0) == 0xe0)
+    n = 3, min = 0x800, *cp = p[0] & 0x0f;
+  else if ((p[0] & 0xf8) == 0xf0)
+    n = 4, min = 0x10000, *cp = p[0] & 0x07;
+  else
+    return 0;                   /* a continuation byte, or 0xf8..0xff */
+  for (size_t i = 1; i < n; i++) {
+    if ((p[i] & 0xc0) != 0x80)  /* also stops at the NUL */
+      return 0;
+    *cp = *cp << 6 | (p[i] & 0x3f);
+  }
+  if (*cp < min || *cp > 0x10ffff || (*cp >= 0xd800 && *cp <= 0xdfff))
+    return 0;
+  return n;
+}
+
 int
 device_check_name (const char *name, struct mapper_err *err)
 {
@@ -40,16 +71,33 @@ device_check_name (const char *name, struct mapper_err *err)
                     "%d", name, len, MAPPER_NAME_MAX);
     return -ENAMETOOLONG;
   }
-  for (const unsigned char *p = (const unsigned char *) name; *p; p++) {
+  /* NBD export names are UTF-8: a name must be valid UTF-8 (shortest
+   * form, no surrogates, at most U+10FFFF) without C0 or C1 controls.
+   */
+  for (const unsigned char *s = (const unsigned char *) name, *p = s; *p; ) {
+    size_t at = p - s, n;
+    uint32_t cp;
+
     if (*p == '/') {
       mapper_err_set (err, "device name '%s' contains '/'", name);
       return -EINVAL;
     }
-    if (*p < 0x20 || *p == 0x7f) {
-      mapper_err_set (err, "device name contains control character 0x%02x "
-                      "at byte %zu", *p, (size_t) (p - (const unsigned char *) name));
+    if ((n = utf8_decode (p, &cp)) == 0) {
+      mapper_err_set (err, "device name is not valid UTF-8 at byte %zu "
+                      "(0x%02x)", at, *p);
       return -EINVAL;
     }
+    if (cp < 0x20 || cp == 0x7f) {
+      mapper_err_set (err, "device name contains control character 0x%02x "
+                      "at byte %zu", (unsigned) cp, at);
+      return -EINVAL;
+    }
+    if (cp >= 0x80 && cp <= 0x9f) {
+      mapper_err_set (err, "device name contains control character U+%04X "
+                      "at byte %zu", (unsigned) cp, at);
+      return -EINVAL;
+    }
+    p += n;
   }
   if (strcmp (name, ".") == 0 || strcmp (name, "..") == 0) {
     mapper_err_set (err, "device name '%s' is not allowed", name);

@@ -165,17 +165,19 @@ parse_u64 (const char *s, uint64_t *out)
   return 0;
 }
 
-/* A sector count, returned in bytes; must fit in an NBD size (int64). */
+/* A sector count, returned in bytes; must fit in an NBD size (int64):
+ * -EOVERFLOW past MAPPER_MAX_SECTORS, even if it fits in 64 bits.
+ */
 int
 parse_sectors (const char *s, uint64_t *bytes)
 {
   uint64_t sectors;
   int r = parse_u64 (s, &sectors);
 
+  if (r == -ERANGE || (r == 0 && sectors > MAPPER_MAX_SECTORS))
+    return -EOVERFLOW;
   if (r < 0)
     return r;
-  if (sectors > (uint64_t) INT64_MAX >> MAPPER_SECTOR_SHIFT)
-    return -ERANGE;
   *bytes = sectors << MAPPER_SECTOR_SHIFT;
   return 0;
 }
@@ -184,6 +186,9 @@ parse_sectors (const char *s, uint64_t *bytes)
 const char *
 parse_error_text (int r)
 {
+  if (r == -EOVERFLOW)
+    return "overflows the largest NBD size: at most " MAPPER_MAX_SECTORS_TEXT
+      " sectors (NBD sizes are below 2^63 bytes)";
   return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
 }
 

@@ -382,7 +382,9 @@ parse_line (struct table *t, uint64_t expect, string_vector *w,
   }
   if (__builtin_add_overflow (begin, len, &end) || end > INT64_MAX) {
     mapper_err_set (err, "start %s + length %s overflows the maximum "
-                    "device size", w->ptr[0], w->ptr[1]);
+                    "device size: a device ends at sector "
+                    MAPPER_MAX_SECTORS_TEXT " at most (NBD sizes are below "
+                    "2^63 bytes)", w->ptr[0], w->ptr[1]);
     return -EINVAL;
   }
   if (expect == 0 && begin != 0) {
@@ -536,6 +538,7 @@ table_parse_file (const char *path, struct table **out,
                   struct mapper_err *err)
 {
   CLEANUP_FREE char *text = NULL;
+  const char *nul;
   size_t size = 0;
   FILE *fp;
   int r;
@@ -567,8 +570,9 @@ table_parse_file (const char *path, struct table **out,
       return r;
     }
   }
-  if (memchr (text, '\0', size) != NULL) {
-    mapper_err_set (err, "%s: table contains a NUL byte", path);
+  if ((nul = memchr (text, '\0', size)) != NULL) {
+    mapper_err_set (err, "%s: table contains a NUL byte at offset %zu",
+                    path, (size_t) (nul - text));
     r = -EINVAL;
   }
   else

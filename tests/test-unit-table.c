@@ -183,6 +183,32 @@ test_numbers (void)
                  "length '18014398509481984'", NULL);
   }
 
+  /* Past it, even within 64 bits (2^63 - 1 sectors): the message says
+   * what the limit is.
+   */
+  {
+    static const char *const big[] = {
+      "18014398509481984", "9223372036854775807", "18446744073709551615",
+      "18446744073709551616",
+    };
+    const char *limit = "overflows the largest NBD size: at most "
+      "18014398509481983 sectors";
+    char want[128];
+
+    for (size_t i = 0; i < ARRAY_SIZE (big); i++) {
+      snprintf (want, sizeof want, "length '%s'", big[i]);
+      FAIL_FMT (EINVAL, 1, want, limit, "0 %s zero\n", big[i]);
+      snprintf (want, sizeof want, "start '%s'", big[i]);
+      FAIL_FMT (EINVAL, 2, want, limit, "0 8 zero\n%s 8 zero\n", big[i]);
+      snprintf (want, sizeof want, "offset '%s'", big[i]);
+      FAIL_FMT (EINVAL, 1, want, limit, "0 8 linear %s %s\n", A, big[i]);
+    }
+    expect_fail ("0 18014398509481983 zero\n18014398509481983 1 zero\n",
+                 EINVAL, 2, "start 18014398509481983 + length 1 overflows "
+                 "the maximum device size", "a device ends at sector "
+                 "18014398509481983 at most");
+  }
+
   /* start + length beyond the largest device size. */
   expect_fail ("0 18014398509481983 zero\n18014398509481983 1 zero\n",
                EINVAL, 2, "overflows the maximum device size", NULL);
@@ -775,6 +801,38 @@ test_device_names (void)
   expect_bad_name (__LINE__, "\tab", EINVAL, "control character 0x09");
   expect_bad_name (__LINE__, "ab\x1f", EINVAL, "control character 0x1f");
   expect_bad_name (__LINE__, "ab\x7f", EINVAL, "control character 0x7f");
+  /* UTF-8: every length of sequence, up to U+10FFFF. */
+  CHECK (device_check_name ("\xc2\xa0\xe2\x82\xac\xf0\x9f\x98\x80", &err)
+         == 0);                 /* U+00A0 U+20AC U+1F600 */
+  CHECK (device_check_name ("\xed\x9f\xbf\xee\x80\x80", &err) == 0);
+  CHECK (device_check_name ("\xf4\x8f\xbf\xbf", &err) == 0);  /* U+10FFFF */
+  /* C1 controls (U+0080..U+009F), written as UTF-8. */
+  expect_bad_name (__LINE__, "a\xc2\x80", EINVAL, "U+0080 at byte 1");
+  expect_bad_name (__LINE__, "ab\xc2\x85", EINVAL, "U+0085 at byte 2");
+  expect_bad_name (__LINE__, "\xc2\x9f", EINVAL, "U+009F at byte 0");
+  /* Not UTF-8: lone and stray bytes, truncated sequences, overlongs,
+   * surrogates, beyond U+10FFFF.
+   */
+  expect_bad_name (__LINE__, "a\xff" "b", EINVAL, "not valid UTF-8 at byte 1");
+  expect_bad_name (__LINE__, "a\xfe", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\x80", EINVAL, "not valid UTF-8 at byte 0");
+  expect_bad_name (__LINE__, "ab\xbf", EINVAL, "at byte 2 (0xbf)");
+  expect_bad_name (__LINE__, "\xc3", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xc3x", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xe2\x82", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf0\x9f\x98", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xc0\xaf", EINVAL, "not valid UTF-8");   /* '/' */
+  expect_bad_name (__LINE__, "\xc1\xbf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xc0\x80", EINVAL, "not valid UTF-8");   /* NUL */
+  expect_bad_name (__LINE__, "\xe0\x80\xaf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xe0\x9f\xbf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf0\x8f\xbf\xbf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xed\xa0\x80", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xed\xbf\xbf", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf4\x90\x80\x80", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf5\x80\x80\x80", EINVAL, "not valid UTF-8");
+  expect_bad_name (__LINE__, "\xf8\x88\x80\x80\x80", EINVAL,
+                   "not valid UTF-8");
   expect_bad_name (__LINE__, "control", EINVAL, "reserved");
   expect_bad_name (__LINE__, ".", EINVAL, NULL);
   expect_bad_name (__LINE__, "..", EINVAL, NULL);

@@ -7,11 +7,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <libnbd.h>
@@ -29,8 +31,14 @@ static struct options {
   uint32_t flags;               /* PROTO_F_* */
   const char *uuid;
   const char *table_text;       /* --table TEXT */
-  double timeout;
+  double timeout;               /* --timeout, or -1 */
 } opts = { .timeout = -1 };
+/* Seconds to wait for the server to connect and for each reply, when
+ * --timeout does not say (it does not for wait, where it is the event's
+ * timeout): $NBDMSETUP_TIMEOUT, else this.  0: no limit.
+ */
+static double default_timeout = 30;
+static bool default_from_env;   /* it is $NBDMSETUP_TIMEOUT */
 static const char *batch_file;  /* the batch being run, or NULL */
 static unsigned batch_lineno;   /* the line of it being run */
 static bool stdin_is_batch;     /* the batch's lines come from stdin */
@@ -76,7 +84,7 @@ usage (FILE *fp, int status)
 "                                   backend's state (NBD connections)\n"
 "  message NAME SECTOR WORDS...     send a message to a target\n"
 "  targets                          target types and versions\n"
-"  wait NAME [EVENT_NR] [--timeout S]\n"
+"  wait NAME [EVENT_NR] [--timeout S]  (S: how long to wait for the event)\n"
 "  batch [FILE]                     commands from FILE (default standard\n"
 "                                   input), one per line, one connection\n"
 "\n"
@@ -88,6 +96,9 @@ usage (FILE *fp, int status)
 "                      nbd+unix:///control?socket=/run/nbdmapper.sock\n"
 "  -k, --key FILE      HMAC key file (default $NBDMSETUP_KEY)\n"
 "  -j, --json          JSON output for read commands\n"
+"  --timeout SECONDS   give up when the server has not connected or\n"
+"                      replied within SECONDS (default $NBDMSETUP_TIMEOUT,\n"
+"                      else 30; 0: no limit)\n"
 "  -h, --help          this help\n"
 "  -V, --version       print the version\n");
   exit (status);
@@ -95,66 +106,234 @@ usage (FILE *fp, int status)
 
 /* --- connection -------------------------------------------------------- */
 
+/* Every wait for the server goes through libnbd's async API and a
+ * deadline: the blocking calls would wait forever for a server that
+ * accepted the connection and then went silent.
+ */
 struct conn {
   struct nbd_handle *nbd;
   uint8_t nonce[PROTO_NONCE_LEN];
   uint8_t *key;
   size_t keylen;
+  /* What is being waited for, for the messages: the URI while
+   * connecting, then the command; its limit in seconds (0: none); and,
+   * once a request that changes something has been executed, a note
+   * that a timeout does not mean it did not happen.
+   */
+  const char *who;
+  double secs;
+  const char *origin;           /* where secs came from */
+  const char *note;
 };
 
-static void
-nbd_die (const char *what)
+static double
+now (void)
 {
-  die ("%s: %s", what, nbd_get_error ());
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* Read the response at offset 0; returns the malloc'd whole message. */
+/* An NBD command of the control protocol failed.  nbdmapper's control
+ * export fails none of them (and the connection is checked to be
+ * writable): if the server answered with an error, something else did.
+ */
+static void __attribute__ ((noreturn))
+nbd_failed (struct conn *c, const char *what)
+{
+  if (nbd_aio_is_ready (c->nbd))
+    die ("%s: %s: %s: nbdmapper's control export does not fail this: is a "
+         "filter in front of the plugin (see nbdmsetup(8), FILTERS)?",
+         c->who, what, nbd_get_error ());
+  die ("%s: %s: %s", c->who, what, nbd_get_error ());
+}
+
+/* Run the connection until command cookie has completed (cookie 0: until
+ * the handshake is over); die naming what after c->secs.
+ */
+static void
+await (struct conn *c, int64_t cookie, const char *what)
+{
+  double deadline = c->secs > 0 ? now () + c->secs : 0;
+
+  for (;;) {
+    int r = cookie ? nbd_aio_command_completed (c->nbd, cookie)
+      : !nbd_aio_is_connecting (c->nbd);
+    int ms = -1;
+
+    if (r == -1)
+      nbd_failed (c, what);
+    if (r == 1)
+      return;
+    if (deadline) {
+      double left = deadline - now ();
+      if (left <= 0)
+        die ("%s: timed out after %g s %s (%s)%s", c->who, c->secs, what,
+             c->origin, c->note);
+      ms = left >= INT_MAX / 1000 ? INT_MAX : (int) (left * 1000) + 1;
+    }
+    if (nbd_poll (c->nbd, ms) == -1)
+      die ("%s: %s: %s", c->who, what, nbd_get_error ());
+  }
+}
+
+static void
+control_pread (struct conn *c, void *buf, size_t count, const char *what)
+{
+  int64_t cookie = nbd_aio_pread (c->nbd, buf, count, 0,
+                                  NBD_NULL_COMPLETION, 0);
+  if (cookie == -1)
+    die ("%s: %s: %s", c->who, what, nbd_get_error ());
+  await (c, cookie, what);
+}
+
+/* What was read at offset 0 is no response.  After a HELLO, that is
+ * what a filter in front of the plugin does: one that keeps writes to
+ * itself (cow, cache) makes the request itself read back.
+ */
+static void __attribute__ ((noreturn))
+not_a_response (struct conn *c, bool hello, const uint8_t *hdr,
+                const char *errmsg)
+{
+  /* cow's overlay outlives the connection that wrote it. */
+  if (hello && memcmp (hdr, "NBMQ", 4) == 0)
+    die ("%s: the control export shows a request where its HELLO should "
+         "be: is a filter in front of the plugin that keeps writes to "
+         "itself (such as --filter=cow or --filter=cache)?  The plugin "
+         "must see every write and flush: see nbdmsetup(8), FILTERS", uri);
+  if (hello && memcmp (hdr, "NBMP", 4) != 0)
+    die ("%s: %s: is it nbdmapper's export 'control', with no filter in "
+         "front of the plugin that changes it (see nbdmsetup(8), FILTERS)?",
+         uri, errmsg);
+  if (hello)
+    die ("%s: %s", uri, errmsg);
+  if (memcmp (hdr, "NBMQ", 4) == 0)
+    die ("%s: %s: the control export gave back the request instead of a "
+         "response: is a filter in front of the plugin that keeps writes "
+         "to itself (such as --filter=cow or --filter=cache)?  The plugin "
+         "must see every write and flush: see nbdmsetup(8), FILTERS",
+         uri, c->who);
+  die ("%s: %s: the control export does not answer as nbdmapper's (%s): is "
+       "a filter in front of the plugin (see nbdmsetup(8), FILTERS)?", uri,
+       c->who, memcmp (hdr, "NBMP", 4) != 0
+       ? "no response at offset 0 after the request" : errmsg);
+}
+
+/* Read the response at offset 0; returns the malloc'd whole message.
+ * hello: this is the HELLO, which tells a control export from others.
+ */
 static uint8_t *
-read_response (struct conn *c, uint16_t *status, uint32_t *total)
+read_response (struct conn *c, bool hello, uint16_t *status,
+               uint32_t *total)
 {
   uint8_t hdr[PROTO_RSP_HDR];
   char errmsg[256];
   uint64_t seq;
   uint8_t *msg;
 
-  if (nbd_pread (c->nbd, hdr, sizeof hdr, 0, 0) == -1)
-    nbd_die ("reading the response");
+  control_pread (c, hdr, sizeof hdr, hello ? "reading the HELLO"
+                 : "reading the response");
   if (proto_decode_response_header (hdr, sizeof hdr, status, &seq, total,
                                     errmsg, sizeof errmsg) == -1)
-    die ("%s: %s", uri, errmsg);
+    not_a_response (c, hello, hdr, errmsg);
   msg = malloc (*total + 1);
   if (msg == NULL)
     die ("out of memory");
-  if (nbd_pread (c->nbd, msg, *total, 0, 0) == -1)
-    nbd_die ("reading the response");
+  control_pread (c, msg, *total, hello ? "reading the HELLO"
+                 : "reading the response");
   msg[*total] = '\0';
   return msg;
 }
 
+/* Whether cmd may change something (a timeout then leaves it unknown). */
+static bool
+changes_state (unsigned cmd)
+{
+  switch (cmd) {
+  case PROTO_CMD_VERSION: case PROTO_CMD_LIST: case PROTO_CMD_INFO:
+  case PROTO_CMD_TABLE: case PROTO_CMD_STATUS: case PROTO_CMD_TARGETS:
+  case PROTO_CMD_WAIT:
+    return false;
+  default:
+    return true;
+  }
+}
+
+/* How long cmd's steps (or connecting for it) may wait for the server,
+ * and where that comes from, for the message.  wait's --timeout is the
+ * event's: wait's reply may come that late, and then take the usual
+ * time.
+ */
+static double
+time_limit (unsigned cmd, bool connecting, const char **origin)
+{
+  if (cmd != PROTO_CMD_WAIT && opts.timeout >= 0) {
+    *origin = "--timeout";
+    return opts.timeout;
+  }
+  *origin = default_from_env ? "$NBDMSETUP_TIMEOUT"
+    : "the default: see --timeout";
+  if (cmd != PROTO_CMD_WAIT || connecting)
+    return default_timeout;
+  if (opts.timeout < 0 || default_timeout == 0)
+    return 0;                   /* waits for the event for ever */
+  *origin = default_from_env ? "wait's --timeout plus $NBDMSETUP_TIMEOUT"
+    : "wait's --timeout plus the default: see --timeout";
+  return opts.timeout + default_timeout;
+}
+
+/* Connect for cmd (0: batch). */
 static void
-connect_control (struct conn *c)
+connect_control (struct conn *c, unsigned cmd)
 {
   uint16_t status;
   uint32_t total;
   uint8_t *hello;
   char errmsg[256];
+  int64_t size;
 
+  c->who = uri;
+  c->secs = time_limit (cmd, true, &c->origin);
+  c->note = "";
   c->nbd = nbd_create ();
   if (c->nbd == NULL)
-    nbd_die ("nbd_create");
+    die ("nbd_create: %s", nbd_get_error ());
   /* nbds:// URIs may name a tls-psk-file. */
   if (nbd_set_uri_allow_local_file (c->nbd, true) == -1)
-    nbd_die ("nbd_set_uri_allow_local_file");
-  if (nbd_connect_uri (c->nbd, uri) == -1)
+    die ("nbd_set_uri_allow_local_file: %s", nbd_get_error ());
+  if (nbd_aio_connect_uri (c->nbd, uri) == -1)
     die ("%s: %s", uri, nbd_get_error ());
-  if (nbd_get_size (c->nbd) < PROTO_RSP_HDR)
+  await (c, 0, "connecting");
+  if (!nbd_aio_is_ready (c->nbd))
+    die ("%s: the server closed the connection during the NBD handshake",
+         uri);
+  size = nbd_get_size (c->nbd);
+  if (size < PROTO_RSP_HDR)
     die ("%s: not an nbdmapper control export (too small)", uri);
 
   /* Read before writing anything: a device export is never written. */
-  hello = read_response (c, &status, &total);
+  hello = read_response (c, true, &status, &total);
   if (status != PROTO_OK || total != PROTO_RSP_HDR + 1 + PROTO_NONCE_LEN)
     die ("%s: not an nbdmapper control export (no HELLO at offset 0)", uri);
   memcpy (c->nonce, hello + PROTO_RSP_HDR + 1, PROTO_NONCE_LEN);
+  /* It is nbdmapper's: what stands in the way of a request is how it is
+   * served.
+   */
+  if (size != PROTO_MAX_MSG)
+    die ("%s: the control export is %" PRIi64 " bytes, not %d: is a filter "
+         "in front of the plugin that changes the size (see nbdmsetup(8), "
+         "FILTERS)?", uri, size, PROTO_MAX_MSG);
+  if (nbd_is_read_only (c->nbd) == 1)
+    die ("%s: the server is read-only (nbdkit -r, or a filter): nbdmsetup "
+         "writes its requests to the control export, so it can neither "
+         "list nor change devices (nbdinfo --list still lists them).  "
+         "Restart nbdkit without -r: a device whose backing files cannot "
+         "be written is served read-only anyway", uri);
+  if (nbd_can_flush (c->nbd) != 1)
+    die ("%s: the control export does not take FLUSH, which executes a "
+         "request: is a filter in front of the plugin (see nbdmsetup(8), "
+         "FILTERS)?", uri);
   if ((hello[PROTO_RSP_HDR] & PROTO_HELLO_KEY_REQUIRED) && key_file == NULL)
     die ("%s: the server requires a key: use --key FILE or $NBDMSETUP_KEY",
          uri);
@@ -163,6 +342,32 @@ connect_control (struct conn *c)
       proto_read_key (key_file, &c->key, &c->keylen, errmsg,
                       sizeof errmsg) == -1)
     die ("%s", errmsg);
+}
+
+/* The table a request carries came from this file ("stdin" for -), or
+ * from --table (NULL).
+ */
+static const char *table_file;
+
+/* The server names a bad table line "COMMAND NAME:LINE:" (and an empty
+ * table "COMMAND NAME: table is empty"), not knowing the file: name the
+ * file instead, as the server does at start.
+ */
+static void __attribute__ ((noreturn))
+die_table_error (unsigned cmd, const char *name, const char *msg)
+{
+  const char *cmdname = proto_cmd_name (cmd);
+  size_t n = strlen (cmdname), m = strlen (name);
+
+  if (table_file && strncmp (msg, cmdname, n) == 0 && msg[n] == ' ' &&
+      strncmp (msg + n + 1, name, m) == 0 && msg[n + 1 + m] == ':') {
+    const char *rest = msg + n + 1 + m + 1;   /* after "COMMAND NAME:" */
+    size_t digits = strspn (rest, "0123456789");
+    if ((digits > 0 && rest[digits] == ':') ||
+        strncmp (rest, " table is empty", 15) == 0)
+      die ("%s:%s", table_file, rest);
+  }
+  die ("%s", msg);
 }
 
 /* Send one request; return the response payload (malloc'd, NUL-ended).
@@ -178,30 +383,57 @@ call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
   uint16_t status;
   uint32_t total;
   char *payload;
+  int64_t cookie;
 
+  c->who = proto_cmd_name (cmd);
+  c->secs = time_limit (cmd, false, &c->origin);
+  c->note = "";
   if (proto_encode_request (cmd, opts.flags, ++seq, nargs, args, c->key,
                             c->keylen, c->nonce, &msg, &len,
                             errmsg, sizeof errmsg) == -1)
     die ("%s: %s", proto_cmd_name (cmd), errmsg);
-  if (nbd_pwrite (c->nbd, msg, len, 0, 0) == -1)
-    nbd_die ("sending the request");
+  cookie = nbd_aio_pwrite (c->nbd, msg, len, 0, NBD_NULL_COMPLETION, 0);
+  if (cookie == -1)
+    die ("%s: sending the request: %s", c->who, nbd_get_error ());
+  await (c, cookie, "sending the request");
   free (msg);
-  if (nbd_flush (c->nbd, 0) == -1)
-    nbd_die ("executing the request");
-  rsp = read_response (c, &status, &total);
+  /* From the FLUSH on, the server runs the request. */
+  if (changes_state (cmd))
+    c->note = "; the server may still carry the request out (or have "
+      "done so): see nbdmsetup info";
+  cookie = nbd_aio_flush (c->nbd, NBD_NULL_COMPLETION, 0);
+  if (cookie == -1)
+    die ("%s: executing the request: %s", c->who, nbd_get_error ());
+  await (c, cookie, "waiting for the server to execute the request");
+  rsp = read_response (c, false, &status, &total);
   payload = strdup ((char *) rsp + PROTO_RSP_HDR);
   free (rsp);
   if (payload == NULL)
     die ("out of memory");
-  if (status != PROTO_OK)
-    die ("%s", *payload ? payload : proto_status_name (status));
+  if (status != PROTO_OK) {
+    if (*payload == '\0')
+      die ("%s", proto_status_name (status));
+    if (cmd == PROTO_CMD_CREATE || cmd == PROTO_CMD_LOAD ||
+        cmd == PROTO_CMD_REPLACE)
+      die_table_error (cmd, args[0], payload);
+    die ("%s", payload);
+  }
   return payload;
 }
 
+/* NBD_CMD_DISC, and a short wait for the server to close: the command
+ * has succeeded, so a server that does not close is left to itself.
+ */
 static void
 disconnect (struct conn *c)
 {
-  nbd_shutdown (c->nbd, 0);
+  double deadline = now () + 5;
+
+  if (nbd_aio_disconnect (c->nbd, 0) == 0)
+    while (!nbd_aio_is_closed (c->nbd) && !nbd_aio_is_dead (c->nbd) &&
+           now () < deadline)
+      if (nbd_poll (c->nbd, 100) == -1)
+        break;
   nbd_close (c->nbd);
   if (c->key)
     OPENSSL_cleanse (c->key, c->keylen);
@@ -285,15 +517,16 @@ print_holders (char *field, bool more, bool json)
 
 /* --- commands ---------------------------------------------------------- */
 
-/* cmd's TABLE from a file, "-" (stdin), or --table. */
+/* cmd's TABLE from a file, "-" (stdin), or --table; sets table_file. */
 static char *
 read_table (const char *cmd, const char *arg)
 {
   FILE *fp, *mem;
-  char *buf = NULL;
+  char *buf = NULL, *nul;
   size_t len = 0;
   int ch;
 
+  table_file = NULL;
   if (opts.table_text) {
     buf = strdup (opts.table_text);
     if (buf == NULL)
@@ -306,19 +539,30 @@ read_table (const char *cmd, const char *arg)
       die ("%s: give the table as a file or --table TEXT in a batch "
            "read from standard input", cmd);
     fp = stdin;
+    table_file = "stdin";
   }
   else if ((fp = fopen (arg, "r")) == NULL)
     die ("%s: %s", arg, strerror (errno));
+  else
+    table_file = arg;
   mem = open_memstream (&buf, &len);
   if (mem == NULL)
     die ("out of memory");
   while ((ch = getc (fp)) != EOF)
     putc (ch, mem);
   if (ferror (fp))
-    die ("%s: read error", arg ? arg : "stdin");
+    die ("%s: read error", table_file);
   if (fp != stdin)
     fclose (fp);
-  fclose (mem);
+  if (fclose (mem) == EOF)
+    die ("out of memory");
+  /* The request carries text: a NUL would end the table there and the
+   * server would load the part before it (it refuses such a file at
+   * start).
+   */
+  if ((nul = memchr (buf, '\0', len)) != NULL)
+    die ("%s: table contains a NUL byte at offset %zu", table_file,
+         (size_t) (nul - buf));
   return buf;
 }
 
@@ -548,6 +792,20 @@ need (int argc, int min, int max, const char *cmd)
     die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
 }
 
+/* A number of seconds, 0 to a year. */
+static double
+parse_seconds (const char *what, const char *s)
+{
+  char *end;
+  double v;
+
+  errno = 0;
+  v = strtod (s, &end);
+  if (errno || *end || end == s || !(v >= 0) || v > 86400 * 365)
+    die ("%s: '%s' is not a number of seconds", what, s);
+  return v;
+}
+
 /* Parse options (GNU getopt permutes: they may follow the command).
  * In a batch line only the per-command options are allowed.
  */
@@ -572,7 +830,6 @@ parse_options (int argc, char *argv[], bool batch_line)
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { NULL },
   };
-  char *end;
   int opt;
 
   optind = 0;                   /* GNU: start afresh (batch lines) */
@@ -603,13 +860,7 @@ parse_options (int argc, char *argv[], bool batch_line)
     case OPT_BACKENDS: opts.flags |= PROTO_F_BACKENDS; break;
     case OPT_UUID: opts.uuid = optarg; break;
     case OPT_TABLE: opts.table_text = optarg; break;
-    case OPT_TIMEOUT:
-      errno = 0;
-      opts.timeout = strtod (optarg, &end);
-      if (errno || *end || end == optarg || !(opts.timeout >= 0) ||
-          opts.timeout > 86400 * 365)
-        die ("--timeout: '%s' is not a number of seconds", optarg);
-      break;
+    case OPT_TIMEOUT: opts.timeout = parse_seconds ("--timeout", optarg); break;
     default: usage (stderr, EXIT_FAILURE);
     }
   }
@@ -630,18 +881,45 @@ commands[] = {
   { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
 };
 
-/* Check a command's name, argument count and options (before
- * connecting).
+/* The options that belong to one command: given to another, they would
+ * be ignored without a word.
  */
+static void
+check_options (const char *cmd, unsigned code, int argc, char *argv[])
+{
+  static const struct { uint32_t flag; const char *name; unsigned code; }
+  flag_opts[] = {
+    { PROTO_F_NOFLUSH, "--noflush", PROTO_CMD_SUSPEND },
+    { PROTO_F_FORCE, "--force", PROTO_CMD_REMOVE },
+    { PROTO_F_INACTIVE, "--inactive", PROTO_CMD_TABLE },
+    { PROTO_F_SHOWKEYS, "--showkeys", PROTO_CMD_TABLE },
+    { PROTO_F_BACKENDS, "--backends", PROTO_CMD_STATUS },
+  };
+  bool takes_table = code == PROTO_CMD_CREATE || code == PROTO_CMD_LOAD ||
+    code == PROTO_CMD_REPLACE;
+
+  for (size_t i = 0; i < sizeof flag_opts / sizeof flag_opts[0]; i++)
+    if ((opts.flags & flag_opts[i].flag) && code != flag_opts[i].code)
+      die ("%s is an option of %s", flag_opts[i].name,
+           proto_cmd_name (flag_opts[i].code));
+  if (opts.uuid && code != PROTO_CMD_CREATE)
+    die ("--uuid is an option of create");
+  if (opts.table_text && !takes_table)
+    die ("--table is an option of create, load, reload and replace");
+  /* The table is the argument after NAME or --table, not both. */
+  if (opts.table_text && argc == 2)
+    die ("%s: a table file ('%s') and --table: give one of them", cmd,
+         argv[1]);
+}
+
+/* Check a command's name, arguments and options (before connecting). */
 static unsigned
-command_code (const char *cmd, int argc)
+command_code (const char *cmd, int argc, char *argv[])
 {
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp (cmd, commands[i].name) == 0) {
       need (argc, commands[i].min, commands[i].max, cmd);
-      if ((opts.flags & PROTO_F_BACKENDS) &&
-          commands[i].code != PROTO_CMD_STATUS)
-        die ("--backends is an option of status");
+      check_options (cmd, commands[i].code, argc, argv);
       return commands[i].code;
     }
   die ("unknown command '%s' (see nbdmsetup --help)", cmd);
@@ -772,6 +1050,7 @@ run_batch (struct conn *c, const char *file)
   FILE *fp = stdin;
   char *line = NULL;
   size_t cap = 0;
+  ssize_t len;
   const struct options defaults = opts;   /* from the command line */
 
   if (file && strcmp (file, "-") != 0 && (fp = fopen (file, "r")) == NULL)
@@ -780,11 +1059,15 @@ run_batch (struct conn *c, const char *file)
   if (stdin_is_batch)
     file = "stdin";
   batch_file = file;
-  while (getline (&line, &cap, fp) != -1) {
+  while ((len = getline (&line, &cap, fp)) != -1) {
     char *words[PROTO_MAX_ARGS + 3];  /* "nbdmsetup", words, NULL */
+    char *nul;
     int n;
 
     batch_lineno++;
+    /* It would end the line there, and the rest be dropped unseen. */
+    if ((nul = memchr (line, '\0', len)) != NULL)
+      die ("NUL byte at offset %zu of the line", (size_t) (nul - line));
     n = split_words (line, words + 1, PROTO_MAX_ARGS + 1);
     if (n == 0)
       continue;
@@ -798,7 +1081,7 @@ run_batch (struct conn *c, const char *file)
     if (strcmp (cmd, "batch") == 0)
       die ("batch: not a command of a batch");
     int argc = n + 1 - optind - 1;
-    unsigned code = command_code (cmd, argc);
+    unsigned code = command_code (cmd, argc, words + optind + 1);
     run_command (c, cmd, code, argc, words + optind + 1);
   }
   batch_file = NULL;
@@ -813,13 +1096,17 @@ int
 main (int argc, char *argv[])
 {
   struct conn c = { NULL };
-  const char *cmd;
+  const char *cmd, *env;
   unsigned code = 0;
 
   uri = getenv ("NBDMSETUP_URI");
   key_file = getenv ("NBDMSETUP_KEY");
   if (key_file && *key_file == '\0')
     key_file = NULL;
+  if ((env = getenv ("NBDMSETUP_TIMEOUT")) != NULL && *env) {
+    default_timeout = parse_seconds ("$NBDMSETUP_TIMEOUT", env);
+    default_from_env = true;
+  }
   parse_options (argc, argv, false);
   argv += optind;
   argc -= optind;
@@ -834,9 +1121,9 @@ main (int argc, char *argv[])
   if (strcmp (cmd, "batch") == 0)
     need (argc, 0, 1, cmd);
   else
-    code = command_code (cmd, argc);
+    code = command_code (cmd, argc, argv);
 
-  connect_control (&c);
+  connect_control (&c, code);
   if (code == 0)
     run_batch (&c, argc ? argv[0] : NULL);
   else

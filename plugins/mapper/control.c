@@ -7,6 +7,7 @@
  */
 #include <config.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -77,6 +78,8 @@ control_set_tables_dir (const char *dir)
   tables_dir = strdup (dir);
 }
 
+static int remove_stale_tmp (void);
+
 int
 control_config_complete (void)
 {
@@ -87,6 +90,8 @@ control_config_complete (void)
                   mapper_strerror (errno));
     return -1;
   }
+  if (tables_dir && remove_stale_tmp () == -1)
+    return -1;
   return 0;
 }
 
@@ -111,6 +116,58 @@ fsync_dir (void)
     return -errno;
   r = fsync (fd) == -1 ? -errno : 0;
   close (fd);
+  return r;
+}
+
+/* persist_write's DIR/.NAME.table.tmp files left by a crash: that save
+ * never finished (NAME.table is still the one before it, and the change
+ * was never made live), and they may hold crypt keys.
+ */
+static int
+remove_stale_tmp (void)
+{
+  DIR *dp = opendir (tables_dir);
+  const size_t sfx = strlen (".table.tmp");
+  struct dirent *d;
+  bool removed = false;
+  int r = 0;
+
+  if (dp == NULL) {
+    nbdkit_error ("tables=%s: %s", tables_dir, mapper_strerror (errno));
+    return -1;
+  }
+  while (r == 0 && (errno = 0, d = readdir (dp)) != NULL) {
+    size_t len = strlen (d->d_name);
+    struct stat st;
+
+    if (d->d_name[0] != '.' || len <= sfx + 1 ||
+        strcmp (d->d_name + len - sfx, ".table.tmp") != 0 ||
+        fstatat (dirfd (dp), d->d_name, &st, AT_SYMLINK_NOFOLLOW) == -1 ||
+        !S_ISREG (st.st_mode))
+      continue;                 /* not one of ours */
+    if (unlinkat (dirfd (dp), d->d_name, 0) == -1) {
+      nbdkit_error ("tables=%s: removing %s, left by a save that did not "
+                    "finish: %s", tables_dir, d->d_name,
+                    mapper_strerror (errno));
+      r = -1;
+    }
+    else {
+      nbdkit_debug ("tables=%s: removed %s, left by a save that did not "
+                    "finish (the server stopped during it)", tables_dir,
+                    d->d_name);
+      removed = true;
+    }
+  }
+  if (r == 0 && errno != 0) {
+    nbdkit_error ("tables=%s: readdir: %s", tables_dir,
+                  mapper_strerror (errno));
+    r = -1;
+  }
+  closedir (dp);
+  if (r == 0 && removed && (r = fsync_dir ()) < 0) {
+    nbdkit_error ("tables=%s: fsync: %s", tables_dir, mapper_strerror (-r));
+    r = -1;
+  }
   return r;
 }
 
