@@ -261,7 +261,7 @@ io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
      * flush lock is taken: a stacked device's errors come from its own
      * table, under its lock.
      */
-    e = backend_errseq (bes[i]) > seen ? -EIO : 0;
+    e = seen != UINT64_MAX && backend_errseq (bes[i]) > seen ? -EIO : 0;
     if (e < 0 && r == 0)
       r = e;
     if (errs)
