@@ -255,18 +255,9 @@ io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
       .be = bes[i], .target = atomic_load (&bes[i]->write_gen),
       .plan = PLAN_DECIDE,
     };
-  for (i = 0; i < n; i++) {
-    /* Errors the observer has not heard of (errseq, above): EIO once,
-     * and the backend is flushed all the same.  Looked at before any
-     * flush lock is taken: a stacked device's errors come from its own
-     * table, under its lock.
-     */
-    e = seen != UINT64_MAX && backend_errseq (bes[i]) > seen ? -EIO : 0;
-    if (e < 0 && r == 0)
-      r = e;
-    if (errs)
-      errs[i] = e;
-  }
+  if (errs)
+    for (i = 0; i < n; i++)
+      errs[i] = 0;
 
   do {
     struct io_req req;
@@ -306,6 +297,22 @@ io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
       }
     }
   } while (again);
+
+  /* Errors the observer has not heard of (errseq, above): EIO once.
+   * Looked at after the flushes, not before: a loss stamped while this
+   * flush waited for an older one (PLAN_WAIT) or before it decided
+   * leaves no trace in the flush it then starts on a new connection,
+   * which succeeds, though writes acknowledged before this request may
+   * be gone.  No flush lock is held here: a stacked device's errors
+   * come from its own table, under its lock.
+   */
+  for (i = 0; seen != UINT64_MAX && i < n; i++) {
+    e = backend_errseq (bes[i]) > seen ? -EIO : 0;
+    if (e < 0 && r == 0)
+      r = e;
+    if (errs && e < 0 && errs[i] == 0)
+      errs[i] = e;
+  }
 
   if (slots != inline_slots)
     free (slots);

@@ -20,13 +20,18 @@ static _Atomic int nr_flushes;
 static _Atomic int fail_next;           /* next backend flush fails EIO */
 static _Atomic int slow;                /* complete flushes from a thread */
 
+static _Atomic int slow_us = 50000;     /* how slow */
+static _Atomic int lose_next;           /* writes lost before it completes */
+
 static void *
 late_completion (void *arg)
 {
   struct clone *c = arg;
   int err = atomic_exchange (&fail_next, 0) ? -EIO : 0;
 
-  usleep (50000);
+  usleep (atomic_load (&slow_us));
+  if (atomic_exchange (&lose_next, 0))
+    backend_writes_lost (c->be);
   clone_done (c, err);
   return NULL;
 }
@@ -215,6 +220,37 @@ main (void)
     CHECK (flush_as (&be, &conn2) == 0);
     CHECK (flush1 (&be2) == -EIO);
     CHECK (flush1 (&be2) == 0);
+  }
+
+  /* A loss while a flush waits for an older one (a write completed
+   * after that one started): the flush it then starts succeeds (a new
+   * connection), but the write, acknowledged before the request, may be
+   * gone: the observer must hear of it now, not at its next flush
+   * (which fails once more, as after a flush that failed itself).
+   */
+  {
+    _Atomic uint64_t conn_w;
+    pthread_t t;
+
+    atomic_init (&conn_w, errseq_sample ());
+    write_done (&be);
+    nr_flushes = 0;
+    slow = 1;
+    slow_us = 300000;
+    lose_next = 1;
+    shared_be = &be;
+    pthread_create (&t, NULL, flusher, NULL);
+    while (atomic_load (&nr_flushes) == 0)   /* that flush is running */
+      usleep (1000);
+    write_done (&be);                        /* after it started */
+    CHECK (flush_as (&be, &conn_w) == -EIO);
+    CHECK (flush_as (&be, &conn_w) == -EIO);
+    CHECK (flush_as (&be, &conn_w) == 0);
+    pthread_join (t, NULL);
+    slow = 0;
+    slow_us = 50000;
+    thread_errors = 0;
+    flush1 (&be);                            /* flusher's observer */
   }
 
   /* Eight concurrent flushes after one write share the backend flush. */
