@@ -31,6 +31,7 @@ SHELL_TESTS = \
 	test-remote-caps.sh \
 	test-remote-flush.sh \
 	test-remote-errseq.sh \
+	test-remote-loss-elsewhere.sh \
 	test-remote-netns.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \

@@ -101,7 +101,6 @@ struct nbd_conn {
   bool retired;                 /* multi-conn lost (keep_only): never reopened */
   struct lookup *lookup;        /* the resolver is making h, or NULL */
   struct cmd_list inflight;
-  uint64_t last_ack;            /* nb->ack_clock at its last write reply */
 };
 
 /* What the first handshake promised; a reconnection must keep it, except
@@ -135,13 +134,13 @@ struct nbd_backend {
   ev_tstamp down_since;         /* no connection up since, or 0 */
   bool single;                  /* multi-conn lost: one connection left */
   uint64_t nr_losses, nr_retries, nr_timeouts;
-  /* Which acknowledged writes a lost connection takes with it: the
-   * clock counts write replies (not FUA), each connection keeps the
-   * count at its last; writes up to flushed_ack were covered by a
-   * successful flush (sent after them), those up to lost_ack are
-   * already reported lost.  A connection lost with nothing after both
-   * loses nothing new: one outage of the server, whose connections go
-   * one after the other, is one loss, not one per connection.
+  /* Which acknowledged writes a lost connection may take with it: the
+   * clock counts write replies (not FUA) on every connection; writes up
+   * to flushed_ack were covered by a successful flush (sent after
+   * them), those up to lost_ack are already reported lost.  A
+   * connection lost with nothing after both loses nothing new: one
+   * outage of the server, whose connections go one after the other, is
+   * one loss, not one per connection.
    */
   uint64_t ack_clock, flushed_ack, lost_ack;
 };
@@ -270,8 +269,8 @@ cmd_free (struct nbd_cmd *cmd)
   cmd->nb->free_cmds = cmd;
 }
 
-/* A command's reply came on its connection: account for what the
- * connection now holds unflushed (see ack_clock).  A failed write may
+/* A command's reply came: account for what the backend now holds
+ * unflushed (see ack_clock).  A failed write may
  * have written part: it counts too.
  */
 static void
@@ -285,7 +284,7 @@ note_reply (struct nbd_cmd *cmd)
   switch (c->op) {
   case IO_WRITE: case IO_ZERO: case IO_TRIM:
     if (cmd->error || !(c->flags & MAPPER_FUA))
-      cmd->conn->last_ack = ++nb->ack_clock;
+      nb->ack_clock++;
     break;
   case IO_FLUSH:
     if (cmd->error == 0)
@@ -902,7 +901,12 @@ conn_drop (struct nbd_conn *conn, const char *why)
   conn->lost = false;
   if (was_up) {
     nb->nr_losses++;
-    if (conn->last_ack > MAX (nb->flushed_ack, nb->lost_ack)) {
+    /* Any connection's acknowledged writes, not only this one's: a lost
+     * connection may be a restarted server, which lost them all, and the
+     * others may be found dead only after a flush on a new connection
+     * (to the new server) has "covered" their writes.
+     */
+    if (nb->ack_clock > MAX (nb->flushed_ack, nb->lost_ack)) {
       nb->lost_ack = nb->ack_clock;
       backend_writes_lost (&nb->be);
     }
