@@ -539,10 +539,11 @@ device_check_table (struct device *dev, const struct table *t,
 
 /* --- stacking: the tables that hold a device ---------------------- */
 
-/* Called for each table of another device that stacks on lower, with
+/* Called for each table ht of another device that stacks on lower, with
  * what it maps of it; nonzero stops the walk.
  */
 typedef int (*holder_fn) (struct device *holder, bool inactive,
+                          const struct table *ht,
                           const struct stack_use *u, void *opaque);
 
 /* Walk the live and inactive tables of every other device, under
@@ -571,7 +572,7 @@ foreach_holder (struct device *lower, holder_fn fn, void *opaque)
            j++) {
         const struct stack_use *u = &slots[s]->stack_uses.ptr[j];
         if (device_backend_device (u->be) == lower)
-          r = fn (d, s == 1, u, opaque);
+          r = fn (d, s == 1, slots[s], u, opaque);
       }
     pthread_mutex_unlock (&d->lock);
   }
@@ -586,7 +587,8 @@ struct holders_text {
 
 static int
 holders_text_one (struct device *holder, bool inactive,
-                  const struct stack_use *u, void *opaque)
+                  const struct table *ht, const struct stack_use *u,
+                  void *opaque)
 {
   struct holders_text *h = opaque;
 
@@ -663,7 +665,8 @@ struct holder_check {
 
 static int
 holder_check_one (struct device *holder, bool inactive,
-                  const struct stack_use *u, void *opaque)
+                  const struct table *ht, const struct stack_use *u,
+                  void *opaque)
 {
   struct holder_check *hc = opaque;
   const struct mapper_caps *c = &hc->t->caps;
@@ -685,6 +688,25 @@ holder_check_one (struct device *holder, bool inactive,
                     PRIu32 " bytes): reload '%s' first", holder->name,
                     hc->lower->name, inactive ? "inactive" : "live",
                     c->block_min, holder->name);
+    return -EBUSY;
+  }
+  /* Aligned areas are not enough: the holder takes requests as small
+   * as its own minimum block size and passes them on as they are.  Its
+   * table's is that of the device backend, from when that was opened
+   * (shared by every table naming mapper:NAME, so a reload of the holder
+   * that keeps mapper:NAME keeps it too).
+   */
+  if (c->block_min > ht->caps.block_min) {
+    mapper_err_set (hc->err, "device '%s' takes requests of %" PRIu32
+                    " byte%s and up (its %s table's minimum block size) "
+                    "and passes them to " DEVICE_BACKEND_PREFIX "%s, but "
+                    "the new table of '%s' needs %" PRIu32 ": remove '%s', "
+                    "or reload it without " DEVICE_BACKEND_PREFIX "%s, "
+                    "first", holder->name, ht->caps.block_min,
+                    ht->caps.block_min == 1 ? "" : "s",
+                    inactive ? "inactive" : "live", hc->lower->name,
+                    hc->lower->name, c->block_min, holder->name,
+                    hc->lower->name);
     return -EBUSY;
   }
   return 0;

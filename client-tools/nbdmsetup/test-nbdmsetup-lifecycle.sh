@@ -3,7 +3,7 @@
 # naming the holder, and leave a tables=DIR that restarts:
 # - replace (and load + resume) of the lower device with a table shorter
 #   than what the upper one maps, or with a larger minimum block size
-#   than its areas are aligned to;
+#   than its areas are aligned to, or than the upper device's own;
 # - remove --force of the lower device;
 # and an upper table in the inactive slot holds the lower device too.
 # A server whose devices stack exits on SIGTERM (unloading freed a
@@ -80,6 +80,12 @@ cleanup_fn 'stop_pidfile "$tmpdir/bs.pid"'
 wait_for test -s "$tmpdir/bs.pid"
 ms create up --table "0 8 linear mapper:lo 1"
 fails "device 'up' maps areas of mapper:lo in its live table that are not aligned to the new table's minimum block size \\(4096 bytes\\)" \
+    ms replace lo --table "0 2048 linear nbd+unix:///?socket=$tmpdir/bs.sock 0"
+ms remove up
+# Aligned areas are not enough: up (minimum block size 1, from lo's) would
+# pass 512-byte requests on to a lo that takes 4096 and up.
+ms create up --table "0 8 linear mapper:lo 0"
+fails "device 'up' takes requests of 1 byte and up \(its live table's minimum block size\) and passes them to mapper:lo, but the new table of 'lo' needs 4096" \
     ms replace lo --table "0 2048 linear nbd+unix:///?socket=$tmpdir/bs.sock 0"
 ms remove up
 
