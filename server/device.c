@@ -1097,6 +1097,12 @@ device_remove (struct device *dev, bool force, struct mapper_err *err)
 }
 
 int
+device_check_rename (struct device *dev, struct mapper_err *err)
+{
+  return refuse_if_held (dev, "renamed", err);
+}
+
+int
 device_rename (struct device *dev, const char *newname,
                struct mapper_err *err)
 {

@@ -179,6 +179,12 @@ void device_get_info (struct device *dev, struct device_info *info);
 int device_remove (struct device *dev, bool force, struct mapper_err *err);
 int device_rename (struct device *dev, const char *newname,
                    struct mapper_err *err);
+/* The check device_rename makes that another device's table does not
+ * stack on dev (it would lose it): 0, or -EBUSY naming the holders.
+ * For callers that must know before they change anything else (the
+ * table file).
+ */
+int device_check_rename (struct device *dev, struct mapper_err *err);
 /* Drop the inactive table. */
 void device_clear (struct device *dev);
 /* load + suspend + resume in one step: suspended only for the drain.

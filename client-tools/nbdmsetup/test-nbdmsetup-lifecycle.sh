@@ -4,7 +4,8 @@
 # - replace (and load + resume) of the lower device with a table shorter
 #   than what the upper one maps, or with a larger minimum block size
 #   than its areas are aligned to, or than the upper device's own;
-# - remove --force of the lower device;
+# - remove --force of the lower device, and its rename (before its
+#   table file is renamed);
 # and an upper table in the inactive slot holds the lower device too.
 # A server whose devices stack exits on SIGTERM (unloading freed a
 # stacked device's table under the backend registry's lock: deadlock).
@@ -58,6 +59,13 @@ nbdsh -u "nbd+unix:///up?socket=$sock" -c 'h.pwrite(b"U" * 512, 1023 * 512)'
 fails "device 'lo' is in use by device 'up' as mapper:lo" ms remove --force lo
 ms info lo >/dev/null || die "a refused remove removed the device"
 [ -e "$dir/lo.table" ] || die "a refused remove removed lo.table"
+# Nor renamed, and DIR is not touched (a rename there and back: a crash
+# in between leaves up's mapper:lo without a lo, and no start).
+before=$(stat -c %y "$dir")
+fails "device 'lo' is in use by device 'up' as mapper:lo: it cannot be renamed" \
+    ms rename lo lo2
+[ "$(stat -c %y "$dir")" = "$before" ] ||
+    die "a refused rename renamed lo.table (and back)"
 
 # --- an inactive table holds it too ----------------------------------------
 ms create other --table "0 8 zero"

@@ -844,6 +844,14 @@ cmd_rename (struct reply *rp, struct proto_request *req)
     return fail (rp, EEXIST, "rename: device '%s' already exists",
                  req->args[1]);
   }
+  /* A held device is refused before its file is renamed: renamed and
+   * back, a crash in between (or a failed rename back) left a tables=DIR
+   * whose holder names a device it no longer has, which does not start.
+   */
+  if ((r = device_check_rename (dev, &err)) < 0) {
+    device_put (dev);
+    return fail (rp, -r, "rename: %s", err.msg);
+  }
   if (persist_rename (req->args[0], req->args[1], &msg) < 0) {
     device_put (dev);
     fail (rp, EIO, "%s", msg ? msg : "out of memory");
