@@ -583,6 +583,7 @@ struct holders_text {
   FILE *fp;
   unsigned n;
   bool names_only;
+  struct device *last;          /* names_only: the last one named */
 };
 
 static int
@@ -592,8 +593,13 @@ holders_text_one (struct device *holder, bool inactive,
 {
   struct holders_text *h = opaque;
 
-  if (h->names_only)
+  if (h->names_only) {
+    /* Once per device, whose live and inactive tables may both hold. */
+    if (holder == h->last)
+      return 0;
+    h->last = holder;
     fprintf (h->fp, "%s%s", h->n ? "\t" : "", holder->name);
+  }
   else
     fprintf (h->fp, "%s'%s'%s", h->n ? ", " : "", holder->name,
              inactive ? " (its inactive table)" : "");

@@ -17,6 +17,11 @@ ms info low | grep -q '^Open count:        0$' || die "a holder counted as a con
 ms info low | grep -q '^Holders:           up$' || die "info does not show the holder"
 [ "$(ms --json info low | python3 -c 'import json,sys; print(json.load(sys.stdin)["devices"][0]["holders"])')" = "['up']" ] ||
     die "info --json holders"
+# Named once, though both of its tables stack on low.
+ms load up --table "0 8 linear mapper:low 8"
+ms info low | grep -q '^Holders:           up$' ||
+    die "a holder with two tables on low: $(ms info low | grep Holders)"
+ms clear up
 fails "in use by device 'up' as mapper:low" ms remove low
 fails "in use by device 'up' as mapper:low" ms remove --force low
 before=$(ms table)
