@@ -99,8 +99,18 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
   case KIND_FILE: r = file_backend_open (spec, canonical, &st, &be, err);
     break;
   }
-  if (r < 0)
-    return r;
+  if (r < 0) {
+    /* Someone may have opened it meanwhile (a server that takes one
+     * client refuses a second): share theirs.
+     */
+    pthread_mutex_lock (&registry_lock);
+    be = registry_find_locked (key);
+    pthread_mutex_unlock (&registry_lock);
+    if (be == NULL)
+      return r;
+    *out = be;
+    return 0;
+  }
   be->key = key;
   key = NULL;
   backend_flush_init (be);

@@ -715,6 +715,16 @@ holder_check_one (struct device *holder, bool inactive,
                     hc->lower->name);
     return -EBUSY;
   }
+  /* The same for writes: the holder would pass them on to get EPERM. */
+  if (ht->caps.can_write && !c->can_write) {
+    mapper_err_set (hc->err, "device '%s' writes to " DEVICE_BACKEND_PREFIX
+                    "%s (its %s table is writable), but the new table of "
+                    "'%s' is read-only: remove '%s', or reload it without "
+                    DEVICE_BACKEND_PREFIX "%s, first", holder->name,
+                    hc->lower->name, inactive ? "inactive" : "live",
+                    hc->lower->name, holder->name, hc->lower->name);
+    return -EBUSY;
+  }
   return 0;
 }
 

@@ -15,7 +15,7 @@
  * more (after a failed fdatasync the kernel may have dropped the dirty
  * pages: a later flush succeeding says nothing about them).
  *
- * "The next flush" is per observer, as Linux's errseq_t does it for
+ * "The next flush" is per observer, as Linux's errseq_t did it (4.13) for
  * files: a failed flush, or a connection lost with writes not yet
  * flushed (backend_writes_lost), stamps the backend with a new number
  * from one clock.  Every observer (a client connection, through

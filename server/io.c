@@ -509,8 +509,13 @@ device_flush_errseq (struct device *dev, uint32_t flags,
   if (t->nr_flush_hooks)
     r = table_flush_hooks (t, flags);
   if (r == 0) {
-    if (mapper_flush_per_target)
+    if (mapper_flush_per_target) {
       r = flush_per_target (t);
+      /* The error stamps too (io_flush_backends_seen does it below). */
+      for (size_t i = 0; r == 0 && seen && i < t->backends.len; i++)
+        if (backend_errseq (t->backends.ptr[i]) > since)
+          r = -EIO;
+    }
     else
       /* Once per distinct backend, never once per target. */
       r = io_flush_table (t, t->backends.ptr, t->backends.len, since);

@@ -3,7 +3,8 @@
 # naming the holder, and leave a tables=DIR that restarts:
 # - replace (and load + resume) of the lower device with a table shorter
 #   than what the upper one maps, or with a larger minimum block size
-#   than its areas are aligned to, or than the upper device's own;
+#   than its areas are aligned to, or than the upper device's own, or
+#   read-only under a writable upper device;
 # - remove --force of the lower device, and its rename (before its
 #   table file is renamed);
 # and an upper table in the inactive slot holds the lower device too.
@@ -95,6 +96,17 @@ ms remove up
 ms create up --table "0 8 linear mapper:lo 0"
 fails "device 'up' takes requests of 1 byte and up \(its live table's minimum block size\) and passes them to mapper:lo, but the new table of 'lo' needs 4096" \
     ms replace lo --table "0 2048 linear nbd+unix:///?socket=$tmpdir/bs.sock 0"
+ms remove up
+
+# --- read-only -------------------------------------------------------------
+# A writable up would pass its writes on to a read-only lo (EPERM, and
+# after a restart up would come back read-only).
+nbdkit -r -U "$tmpdir/ro.sock" -P "$tmpdir/ro.pid" memory 1M
+cleanup_fn 'stop_pidfile "$tmpdir/ro.pid"'
+wait_for test -s "$tmpdir/ro.pid"
+ms create up --table "0 8 linear mapper:lo 0"
+fails "device 'up' writes to mapper:lo \(its live table is writable\), but the new table of 'lo' is read-only" \
+    ms replace lo --table "0 2048 linear nbd+unix:///?socket=$tmpdir/ro.sock 0"
 ms remove up
 
 # --- every refusal left a tables=DIR that starts as it was -------------------
