@@ -11,7 +11,7 @@ fill_random "$a" 1048576 3
 cp "$a" "$tmpdir/a.orig"
 mkdir "$tmpdir/tables"
 echo "0 2048 linear $a 0" > "$tmpdir/tables/d1.table"
-ls -la "$tmpdir/tables" > "$tmpdir/tables.before"
+ls -lA --time-style=full-iso "$tmpdir/tables" > "$tmpdir/tables.before"
 
 have_filter () { nbdkit --filter="$1" null --version >/dev/null 2>&1; }
 
@@ -68,7 +68,7 @@ fi
 
 # Nothing of that changed a table or the data.
 cmp "$a" "$tmpdir/a.orig" || die "a device was written"
-ls -la "$tmpdir/tables" | diff "$tmpdir/tables.before" - ||
+ls -lA --time-style=full-iso "$tmpdir/tables" | diff "$tmpdir/tables.before" - ||
     die "the tables changed"
 
 # --- The filters nbdmsetup(8) lists as safe in front of the plugin: every
