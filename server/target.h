@@ -202,13 +202,39 @@ int io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
                     void *ctx, uint64_t arg);
 enum io_op io_req_op (const struct io_req *req);
 /* io.c: for extents(); coordinates are target-relative.  Return 0 or
- * -errno; after either, stop when extent_walk_done() says so.
+ * -errno; after either, stop when extent_walk_done() says so.  A target
+ * reports data (type 0) wherever it cannot tell, never an error: block
+ * status fails only when the reply itself cannot be built.
  */
 int extent_walk_add (struct extent_walk *w, struct target *ti,
                      uint64_t off, uint64_t len, uint32_t type);
+/* The backend's extents of [be_off, be_off+len) as the target's
+ * [off, off+len); where the backend fails or answers nothing, data.
+ */
 int extent_walk_backend (struct extent_walk *w, struct target *ti,
                          uint64_t off, struct backend *be,
                          uint64_t be_off, uint64_t len);
+/* The same, except that a backend that fails or answers nothing returns
+ * EXTENT_BACKEND_FAILED with the walk where it stopped (what it did
+ * answer stays reported): the caller may ask another backend from
+ * extent_walk_pos(), or report data with extent_walk_data().
+ */
+#define EXTENT_BACKEND_FAILED 1
+int extent_walk_backend_try (struct extent_walk *w, struct target *ti,
+                             uint64_t off, struct backend *be,
+                             uint64_t be_off, uint64_t len);
+/* Data (type 0) from where the walk is up to target offset end. */
+int extent_walk_data (struct extent_walk *w, struct target *ti,
+                      uint64_t end);
+/* The target offset the walk reports next. */
+uint64_t extent_walk_pos (const struct extent_walk *w,
+                          const struct target *ti);
 bool extent_walk_done (const struct extent_walk *w);
+/* For targets that query backends themselves (striped): log that be
+ * failed (error < 0) or answered nothing (0) for [offset, offset+len),
+ * reported as data.
+ */
+void extent_backend_failed (struct backend *be, uint64_t offset,
+                            uint64_t len, int error);
 
 #endif /* NBDMAPPER_TARGET_H */

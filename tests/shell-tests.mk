@@ -6,6 +6,7 @@ SHELL_TESTS = \
 	test-bad-tables.sh \
 	test-rw-edges.sh \
 	test-error-target.sh \
+	test-striped-extents.sh \
 	test-beyond-end.sh \
 	test-large-requests.sh \
 	test-many-targets.sh \

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The error target: every read, write, zero and trim touching it fails with
 # EIO, including requests that only partly overlap it; its neighbours keep
-# working; the server survives.
+# working; the server survives.  Block status does not fail: the error
+# range is data (reads there fail, so it is no hole), and nbdinfo --map and
+# qemu-img map give exact maps of such devices (the README's holes example).
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -109,5 +111,75 @@ for i in range(len(new)):
         raise SystemExit("a.img byte %d changed unexpectedly" % i)
 print("backing check ok")
 EOF
+
+# --- block status -------------------------------------------------------
+requires nbdinfo --version
+requires qemu-img --version
+
+# err.table: the random-filled file is data, error is data, zero a hole.
+S=512
+want=$(printf '%s\n' \
+    "0 $((110 * S)) 0 data" \
+    "$((110 * S)) $((40 * S)) 3 hole,zero" \
+    "$((150 * S)) $((61 * S)) 0 data")
+got=$(mapper -U - "$tmpdir/err.table" --run 'nbdinfo --map "$uri"' |
+          awk '{ print $1, $2, $3, $4 }') ||
+    die "nbdinfo --map over err.table failed"
+[ "$got" = "$want" ] ||
+    die "nbdinfo --map over err.table: got
+$got
+want
+$want"
+
+# The README's holes example: a 4 GiB device whose first GiB is a file
+# (sparse, with 64 KiB written at 1 MiB), then zero, one MiB of error,
+# zero to the end.
+f=$(mkfile f.img 1G)
+fill_random "$tmpdir/chunk" 65536 9
+dd if="$tmpdir/chunk" of="$f" bs=64K seek=16 conv=notrunc status=none
+cat > "$tmpdir/holes.table" <<EOF
+0        2097152  linear $f 0
+2097152  2097152  zero
+4194304  2048     error
+4196352  4192256  zero
+EOF
+G=$((1 << 30)) M=$((1 << 20))
+want=$(printf '%s\n' \
+    "0 $M 3 hole,zero" \
+    "$M 65536 0 data" \
+    "$((M + 65536)) $((2 * G - M - 65536)) 3 hole,zero" \
+    "$((2 * G)) $M 0 data" \
+    "$((2 * G + M)) $((2 * G - M)) 3 hole,zero")
+got=$(mapper -U - "$tmpdir/holes.table" --run 'nbdinfo --map "$uri"' |
+          awk '{ print $1, $2, $3, $4 }') ||
+    die "nbdinfo --map over holes.table failed"
+[ "$got" = "$want" ] ||
+    die "nbdinfo --map over holes.table: got
+$got
+want
+$want"
+
+# qemu-img map: the same ranges, as JSON (data, zero).
+want=$(printf '%s\n' \
+    "0 $M false true" \
+    "$M 65536 true false" \
+    "$((M + 65536)) $((2 * G - M - 65536)) false true" \
+    "$((2 * G)) $M true false" \
+    "$((2 * G + M)) $((2 * G - M)) false true")
+mapper -U - "$tmpdir/holes.table" \
+       --run "qemu-img map -f raw --output=json \"\$uri\" > '$tmpdir/map.json'" ||
+    die "qemu-img map over holes.table failed"
+got=$(python3 - "$tmpdir/map.json" <<'EOF'
+import json, sys
+for e in json.load(open(sys.argv[1])):
+    print(e["start"], e["length"], str(e["data"]).lower(),
+          str(e["zero"]).lower())
+EOF
+)
+[ "$got" = "$want" ] ||
+    die "qemu-img map over holes.table: got
+$got
+want
+$want"
 
 echo "$0: ok"

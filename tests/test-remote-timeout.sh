@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # remote-timeout=3: a backend that is gone for good fails requests with
 # EIO (after the timeout, then at once while it stays down) while the
-# server and its other devices keep working; a stalled server (every read
+# server and its other devices keep working, and block status over it
+# says data instead of failing; a stalled server (every read
 # delayed 20 s) fails the read with EIO instead of hanging the worker, and
 # the backend keeps serving writes on a fresh connection.  Out-of-range
 # remote-timeout and remote-connections values are refused at startup,
@@ -79,6 +80,19 @@ assert local.pread(512, 0) == b"l" * 512      # the rest still works
 t = time.monotonic()
 assert fails_eio(gone.pwrite, b"x" * 512, 512)
 print("still dead: EIO after %.1fs" % (time.monotonic() - t))
+# Block status over it does not fail (that fails a client's whole map):
+# all data, since reads there fail.
+m = nbd.NBD()
+m.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+m.connect_uri("nbd+unix:///gone?socket=%s" % sock)
+got = []
+def extent(ctx, off, entries, err):
+    if ctx == nbd.CONTEXT_BASE_ALLOCATION:
+        got.extend(entries)
+    return 0
+m.block_status(1 << 20, 0, extent)
+assert got == [1 << 20, 0], "block status over a dead backend: %r" % got
+m.shutdown()
 
 # Stalled: the read waits 20 s at the server; ours gives up first.
 slow.pwrite(b"s" * 512, 0)

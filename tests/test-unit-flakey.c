@@ -2,7 +2,8 @@
  * refused here with its message (up + down = 0, corrupt_bio_byte w with
  * drop_writes, duplicated and conflicting features, wrong feature
  * counts...); status prints the features as dm does; and what each
- * feature does while down, checked against the backing file.  "Always
+ * feature does while down, checked against the backing file; extents
+ * while down say data where reads fail or are corrupted.  "Always
  * up" is down_interval 0 and "always down" up_interval 0, so nothing here
  * depends on time.
  */
@@ -440,6 +441,64 @@ test_corrupt (void)
   device_destroy (dev);
 }
 
+/* Extents over a sparse file: while down, ranges whose reads fail or
+ * come back corrupted are data, never the hole the file has; otherwise
+ * the file's answer.  Block status itself never fails.
+ */
+static int
+first_extent (void *opaque, uint64_t off, uint64_t len, uint32_t type)
+{
+  int *t = opaque;
+
+  if (*t == -1)
+    *t = type;
+  else if ((uint32_t) *t != type)
+    *t = -2;                      /* more than one type */
+  return 0;
+}
+
+static void
+test_extents (void)
+{
+  static const struct { const char *args; int type; } cases[] = {
+    { "1 0", 3 },                                   /* always up */
+    { "0 1", 0 },                                   /* down: reads fail */
+    { "0 5 1 error_reads", 0 },
+    { "0 5 2 drop_writes error_reads", 0 },
+    { "0 5 1 drop_writes", 3 },
+    { "0 5 1 error_writes", 3 },
+    { "0 5 5 corrupt_bio_byte 1 r 7 0", 0 },
+    { "0 5 5 corrupt_bio_byte 1 w 7 0", 3 },
+    /* Only requests with the write bit: reads are never corrupted. */
+    { "0 5 5 corrupt_bio_byte 1 r 7 1", 3 },
+  };
+  unsigned char buf[S];
+
+  for (size_t i = 0; i < ARRAY_SIZE (cases); i++) {
+    char name[32];
+    struct device *dev;
+    int type = -1, r;
+
+    snprintf (name, sizeof name, "fx%zu", i);
+    dev = ut_device (name, ut_parse ("0 64 flakey %s 0 %s\n", B,
+                                     cases[i].args));
+    r = device_extents (dev, 64 * S, 0, 0, first_extent, &type);
+    CHECKF (r == 0 && type == cases[i].type,
+            "flakey %s: extents r=%d type %d, want %d", cases[i].args, r,
+            type, cases[i].type);
+    /* What a read says agrees: zeros where a hole is claimed. */
+    r = device_pread (dev, buf, S, 5 * S, 0);
+    if (cases[i].type == 3)
+      CHECKF (r == 0 && unit_is_zero (buf, S), "flakey %s: read r=%d",
+              cases[i].args, r);
+    else
+      CHECKF (r != 0 || !unit_is_zero (buf, S),
+              "flakey %s: reads zeros where data is claimed",
+              cases[i].args);
+    device_destroy (dev);
+  }
+}
+
 int
 main (void)
 {
@@ -451,6 +510,7 @@ main (void)
   test_drop_writes ();
   test_error_writes_reads ();
   test_corrupt ();
+  test_extents ();
   free (A);
   free (B);
   UNIT_EXIT ();

@@ -14,7 +14,9 @@
  *    of each kind, resync complete, resync stopped; none from a table
  *    replaced while it resynced, and no crash however often it is;
  *  - stacking cycles refused (self, A -> B -> A); a flush of a mirror
- *    over two stacked devices on one file flushes that file once.
+ *    over two stacked devices on one file flushes that file once;
+ *  - extents from the first healthy leg that answers, data when none
+ *    does.
  */
 #include <config.h>
 
@@ -663,6 +665,119 @@ test_stacking (void)
   device_destroy (l1);
 }
 
+/* --- extents ------------------------------------------------------------ */
+
+struct xmap { int n; uint64_t off[8], len[8]; uint32_t type[8]; };
+
+static int
+xmap_add (void *opaque, uint64_t off, uint64_t len, uint32_t type)
+{
+  struct xmap *m = opaque;
+
+  if (m->n && m->type[m->n - 1] == type &&
+      m->off[m->n - 1] + m->len[m->n - 1] == off) {
+    m->len[m->n - 1] += len;
+    return 0;
+  }
+  if (m->n == 8)
+    return -ENOMEM;
+  m->off[m->n] = off, m->len[m->n] = len, m->type[m->n] = type;
+  m->n++;
+  return 0;
+}
+
+/* The mirror's map must be: data at [d, d+dlen) (dlen 0: all data) and
+ * holes around it.
+ */
+static void
+check_map_at (int line, struct device *dev, uint64_t d, uint64_t dlen,
+              const char *what)
+{
+  struct xmap m = { 0 };
+  int r = device_extents (dev, LEG_SIZE, 0, 0, xmap_add, &m);
+  bool ok;
+
+  if (dlen == 0)
+    ok = m.n == 1 && m.type[0] == 0 && m.len[0] == LEG_SIZE;
+  else if (d == 0)
+    ok = m.n == 2 && m.type[0] == 0 && m.len[0] == dlen &&
+      m.type[1] == 3 && m.len[1] == LEG_SIZE - dlen;
+  else
+    ok = m.n == 3 && m.type[0] == 3 && m.len[0] == d && m.type[1] == 0 &&
+      m.len[1] == dlen && m.type[2] == 3 &&
+      m.off[2] + m.len[2] == LEG_SIZE;
+  if (r != 0 || !ok) {
+    fprintf (stderr, "test-unit-mirror.c:%d: %s: r=%d, map:", line, what, r);
+    for (int i = 0; i < m.n; i++)
+      fprintf (stderr, " %" PRIu64 "+%" PRIu64 ":%u", m.off[i], m.len[i],
+               m.type[i]);
+    fputc ('\n', stderr);
+    unit_failures++;
+  }
+}
+#define check_map(dev, d, dlen, what) \
+  check_map_at (__LINE__, dev, d, dlen, what)
+
+/* Extents come from the first healthy leg that answers: a leg whose
+ * query fails (its stacked device was shrunk under it) is skipped, a
+ * failed leg too; none left: data.  The legs differ on purpose (nosync)
+ * to show which one answered.
+ */
+static void
+test_extents (void)
+{
+  CLEANUP_FREE char *X = strdup (unit_path ("x.img"));
+  CLEANUP_FREE char *Y = strdup (unit_path ("y.img"));
+  CLEANUP_FREE char *lowx = unit_sprintf ("0 %llu linear %s 0\n",
+                                          LEG_SECTORS, X);
+  CLEANUP_FREE char *lowy = unit_sprintf ("0 %llu linear %s 0\n",
+                                          LEG_SECTORS, Y);
+  CLEANUP_FREE char *text =
+    unit_sprintf ("0 %llu mirror core 2 64 nosync 2 mapper:lowX 0 "
+                  "mapper:lowY 0 1 handle_errors\n", LEG_SECTORS);
+  unsigned char buf[65536];
+  struct device *lx, *ly, *dev;
+  int fd;
+
+  unit_write_file (X, NULL, LEG_SIZE);
+  unit_write_file (Y, NULL, LEG_SIZE);
+  unit_fill (buf, sizeof buf, 21, 0);
+  fd = open (X, O_WRONLY);
+  CHECK (fd >= 0 && pwrite (fd, buf, 65536, 0) == 65536);
+  close (fd);
+  fd = open (Y, O_WRONLY);
+  CHECK (fd >= 0 && pwrite (fd, buf, 65536, 262144) == 65536);
+  close (fd);
+  lx = mkdev ("lowX", lowx);
+  ly = mkdev ("lowY", lowy);
+  dev = mkdev ("mx", text);
+
+  check_map (dev, 0, 65536, "both legs up: leg 0");
+  /* Leg 0's device shrunk: its query fails (beyond its end), leg 1. */
+  reload (lx, "0 8 zero\n");
+  check_map (dev, 262144, 65536, "leg 0 fails extents: leg 1");
+  /* Both fail: data, not an error. */
+  reload (ly, "0 8 zero\n");
+  check_map (dev, 0, 0, "both legs fail extents");
+  /* Leg 0 back, but failed by a write (handle_errors drops it): its
+   * stale holes must not be reported; leg 1 answers.
+   */
+  reload (lx, lowx);
+  reload (ly, lowy);
+  check_map (dev, 0, 65536, "both back");
+  reload (lx, "0 2048 error\n");
+  /* Into leg 1's data, so that its map keeps its shape. */
+  CHECK_EQ (device_pwrite (dev, buf, 512, 262144, 0), 0);   /* leg 0: D */
+  reload (lx, lowx);
+  check_map (dev, 262144, 65536, "leg 0 failed a write: leg 1");
+
+  device_destroy (dev);
+  device_destroy (lx);
+  device_destroy (ly);
+  unlink (X);
+  unlink (Y);
+}
+
 int
 main (void)
 {
@@ -684,6 +799,7 @@ main (void)
   test_resync ();
   test_resync_stopped ();
   test_stacking ();
+  test_extents ();
   free (A);
   free (B);
   free (C);

@@ -288,6 +288,15 @@ corrupt_matches (const struct flakey *fc, const struct io_req *req)
   return (opf & fc->corrupt_flags) == fc->corrupt_flags;
 }
 
+/* corrupt_matches for a read: one carries no bi_opf bit (NBD reads are
+ * never FUA), so only flags 0 match it.
+ */
+static bool
+corrupt_matches_read (const struct flakey *fc)
+{
+  return fc->corrupt_flags == 0;
+}
+
 /* Read, then corrupt the returned data. */
 static int
 flakey_read_corrupt (struct flakey *fc, uint64_t off, uint64_t len,
@@ -373,12 +382,21 @@ flakey_flush (struct target *ti, struct io_req *req)
   return 0;
 }
 
+/* While down, reads that fail or come back corrupted hold no hole or
+ * zeros whatever the backend says: data.  A read's corrupt byte is at
+ * its Nth byte, so any byte may be one.
+ */
 static int
 flakey_extents (struct target *ti, struct extent_walk *w, uint64_t off,
                 uint64_t len)
 {
   struct flakey *fc = ti->private;
 
+  if (flakey_is_down (fc) &&
+      ((fc->flags & ERROR_READS) ||
+       (fc->corrupt_byte && !fc->corrupt_write &&
+        corrupt_matches_read (fc))))
+    return extent_walk_add (w, ti, off, len, 0);
   return extent_walk_backend (w, ti, off, fc->be, fc->start + off, len);
 }
 

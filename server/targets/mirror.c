@@ -573,21 +573,30 @@ mirror_map (struct target *ti, struct io_req *req, uint64_t off,
   return 0;
 }
 
+/* The first healthy leg that answers: any in-sync leg holds what reads
+ * return; out of sync, only leg 0 does.  A leg that failed (a write it
+ * missed, say) may hold stale holes: data where no healthy leg answers.
+ */
 static int
 mirror_extents (struct target *ti, struct extent_walk *w, uint64_t off,
                 uint64_t len)
 {
   struct mirror *m = ti->private;
-  unsigned leg = 0;
+  unsigned n = range_in_sync (m, off, len) ? m->nr_legs : 1;
+  uint64_t end = off + len;
 
-  if (range_in_sync (m, off, len))
-    for (unsigned i = 0; i < m->nr_legs; i++)
-      if (leg_readable (m, i)) {
-        leg = i;
-        break;
-      }
-  return extent_walk_backend (w, ti, off, m->legs[leg].be,
-                              m->legs[leg].start + off, len);
+  for (unsigned i = 0; i < n && !extent_walk_done (w); i++) {
+    uint64_t pos = extent_walk_pos (w, ti);
+    int r;
+
+    if (!leg_readable (m, i))
+      continue;
+    r = extent_walk_backend_try (w, ti, pos, m->legs[i].be,
+                                 m->legs[i].start + pos, end - pos);
+    if (r != EXTENT_BACKEND_FAILED)
+      return r;
+  }
+  return extent_walk_data (w, ti, end);
 }
 
 /* --- status ----------------------------------------------------------- */
