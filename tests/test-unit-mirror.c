@@ -68,6 +68,31 @@ reload (struct device *dev, const char *text)
     UNIT_FATAL ("reload %s: %s", device_name (dev), err.msg);
 }
 
+/* Swap text in as dev's live table behind the control plane's back,
+ * skipping the checks that protect the devices stacked on dev (the
+ * holder check refuses a shrink under them): for the defensive paths
+ * of a target whose leg stops answering as if it had.
+ */
+static void
+force_live (struct device *dev, const char *text)
+{
+  struct mapper_err err = { "" };
+  struct table *t, *old;
+
+  if (table_parse (text, device_name (dev), &t, &err) < 0)
+    UNIT_FATAL ("table for %s: %s", device_name (dev), err.msg);
+  CHECK_EQ (device_suspend (dev, false), 0);
+  pthread_mutex_lock (&dev->lock);
+  old = dev->live;
+  dev->live = t;
+  table_bind (old, NULL);
+  table_bind (t, dev);
+  pthread_mutex_unlock (&dev->lock);
+  table_free (old);
+  if (device_resume (dev, &err) < 0)
+    UNIT_FATAL ("resume %s: %s", device_name (dev), err.msg);
+}
+
 static uint64_t
 event_nr (struct device *dev)
 {
@@ -753,17 +778,19 @@ test_extents (void)
   dev = mkdev ("mx", text);
 
   check_map (dev, 0, 65536, "both legs up: leg 0");
-  /* Leg 0's device shrunk: its query fails (beyond its end), leg 1. */
-  reload (lx, "0 8 zero\n");
+  /* Leg 0's device shrunk (forced: the control plane refuses it): its
+   * query fails (beyond its end), leg 1 answers.
+   */
+  force_live (lx, "0 8 zero\n");
   check_map (dev, 262144, 65536, "leg 0 fails extents: leg 1");
   /* Both fail: data, not an error. */
-  reload (ly, "0 8 zero\n");
+  force_live (ly, "0 8 zero\n");
   check_map (dev, 0, 0, "both legs fail extents");
   /* Leg 0 back, but failed by a write (handle_errors drops it): its
    * stale holes must not be reported; leg 1 answers.
    */
-  reload (lx, lowx);
-  reload (ly, lowy);
+  force_live (lx, lowx);
+  force_live (ly, lowy);
   check_map (dev, 0, 65536, "both back");
   reload (lx, "0 2048 error\n");
   /* Into leg 1's data, so that its map keeps its shape. */
