@@ -27,6 +27,7 @@ requires ()
 # (run in reverse order, before the directory goes).
 _cleanups=()
 cleanup_fn () { _cleanups+=("$*"); }
+_stop_failed=
 _run_cleanups ()
 {
     local status=$?
@@ -35,6 +36,11 @@ _run_cleanups ()
         eval "${_cleanups[$i]}" || :
     done
     rm -rf "$tmpdir"
+    # A server that had to be killed (stop_pidfile) fails the test, even
+    # when it was stopped by a cleanup after everything else passed.
+    if [ "$status" -eq 0 ] && [ -n "$_stop_failed" ]; then
+        status=1
+    fi
     exit $status
 }
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
@@ -153,14 +159,15 @@ wait_for ()
 }
 
 # stop_pidfile PIDFILE [SIGNAL]: stop the daemonised server whose pid is
-# in PIDFILE (SIGTERM unless told) and remove the file; wait up to 10 s
-# until it is gone (or a zombie: a daemon's parent is init, which may be
-# slow to reap it, and a zombie has closed its sockets and files), then
-# SIGKILL it: nbdkit 1.32 with the ASan runtime preloaded can hang at exit.
-# Does nothing without a pid file.
+# in PIDFILE (SIGTERM unless told) and remove the file; wait until it is
+# gone (or a zombie: a daemon's parent is init, which may be slow to reap
+# it, and a zombie has closed its sockets and files).  A server still
+# there after 10 s hangs at exit: it is killed with SIGKILL, and the test
+# fails (stop_pidfile returns 1, and a test whose cleanup had to kill a
+# server exits 1).  Does nothing without a pid file.
 stop_pidfile ()
 {
-    local pid i
+    local pid i threads
     [ -s "$1" ] || return 0
     pid=$(cat "$1")
     rm -f "$1"
@@ -170,7 +177,17 @@ stop_pidfile ()
         [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 0
         sleep 0.1
     done
+    # What it was and where its threads wait, for the report.
+    threads=$(for t in /proc/$pid/task/*; do
+                  printf ' %s(%s)' "$(cat "$t/comm")" "$(cat "$t/wchan")"
+              done 2>/dev/null)
+    echo "$0: FAIL: pid $pid ($1) did not exit within 10 s of" \
+         "SIG${2:-TERM}: killed with SIGKILL." \
+         "Command: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" \
+         "Threads:$threads" >&2
     kill -9 "$pid" 2>/dev/null || :
+    _stop_failed=1
+    return 1
 }
 
 # ext4_fuse_preflight: skip the test (exit 77) unless an ext4 filesystem

@@ -71,7 +71,7 @@ if [ -x "$NBDMSETUP" ]; then
     sock=$tmpdir/sock
     echo "0 2048 delay $r 0 3600000" > "$tmpdir/held.table"
     mapper -U "$sock" -P "$tmpdir/pid" "$tmpdir/held.table"
-    cleanup_fn 'kill $(cat "$tmpdir/pid") 2>/dev/null'
+    cleanup_fn 'stop_pidfile "$tmpdir/pid"'
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
     ms () { timeout 60 "$NBDMSETUP" -c "nbd+unix:///control?socket=$sock" "$@"; }
     held_read ()

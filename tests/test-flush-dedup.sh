@@ -44,8 +44,9 @@ strace -f -qq -e trace=fdatasync -o "$log" "${asan[@]}" \
         "$tmpdir/wide.table" "$tmpdir/multi.table" &
 strace_pid=$!
 # Stop nbdkit itself (killing strace would only detach it).
-cleanup_fn 'kill $(cat "$pidfile") 2>/dev/null; wait $strace_pid 2>/dev/null'
+cleanup_fn 'stop_pidfile "$pidfile"; wait $strace_pid 2>/dev/null'
 wait_for test -S "$sock"
+wait_for test -s "$pidfile"
 
 count () { grep -cE '^[0-9]+ +fdatasync\(' "$log" || :; }
 # threads_since LINE: distinct threads among fdatasync calls after LINE.

@@ -39,7 +39,7 @@ echo "0 $sectors linear $(uri 5) 0" > "$tmpdir/dur.table"
 sock=$tmpdir/mapper.sock
 mapper -U "$sock" -P "$tmpdir/mapper.pid" remote-timeout=20 \
     "$tmpdir/wide.table" "$tmpdir/multi.table" "$tmpdir/dur.table"
-cleanup_fn 'kill $(cat "$tmpdir/mapper.pid") 2>/dev/null'
+cleanup_fn 'stop_pidfile "$tmpdir/mapper.pid"'
 wait_file "$tmpdir/mapper.pid"
 
 nbdsh -c "
@@ -88,7 +88,7 @@ import sys; sys.stdout.buffer.write(b'durable!' * 512)") ||
     die "flushed data not in the backing file"
 
 # Stop the backends so the stats filter writes its counts.
-kill $(cat "$tmpdir/mapper.pid"); sleep 0.5
+stop_pidfile "$tmpdir/mapper.pid"
 for i in 0 1 2 3 4; do kill_backend b$i; done
 flushes () { sed -n 's/^flush: \([0-9]*\) ops.*/\1/p' "$1"; }
 echo "backend flushes: b1..b4: $(for i in 1 2 3 4; do printf '%s ' "$(flushes "$tmpdir/stats$i")"; done)"

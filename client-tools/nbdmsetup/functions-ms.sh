@@ -20,11 +20,15 @@ start_server ()
     mapper -U "$sock" -P "$tmpdir/pid" "$@"
     cleanup_fn "stop_server"
 }
+# stop_server: 1 (and a failed test) if it had to be killed, in any
+# context ("stop_server || die" too).
 stop_server ()
 {
+    local rc=0
     # It holds the socket and the table files.
-    stop_pidfile "$tmpdir/pid"
+    stop_pidfile "$tmpdir/pid" || rc=$?
     rm -f "$sock"
+    return $rc
 }
 
 ms () { "$NBDMSETUP" "$@"; }
@@ -45,20 +49,27 @@ fails ()
 }
 
 # mapper_timeout SECS NBDKIT-ARGS...: nbdkit (ASan-aware, like mapper) under
-# timeout, for servers expected to refuse to start: nbdkit 1.32 with the
-# ASan runtime preloaded may hang after a configuration error instead of
-# exiting.  Put the plugin ("$PLUGIN") yourself after the options.
+# timeout, for servers expected to refuse to start, so that one that hangs
+# instead of exiting ends the test rather than stalling it.  A server that
+# had to be killed fails the test (exit 124 or 137, as from timeout; the
+# test exits 1 even if the caller takes any failure for a refusal).  Put
+# the plugin ("$PLUGIN") yourself after the options.
 mapper_timeout ()
 {
-    local secs=$1
+    local secs=$1 rc=0
     shift
     if [ -n "$SANITIZER_LIBASAN" ]; then
         timeout -k 5 "$secs" env LD_PRELOAD="$SANITIZER_LIBASAN" \
             ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
-            nbdkit "$@"
+            nbdkit "$@" || rc=$?
     else
-        timeout "$secs" nbdkit "$@"
+        timeout -k 5 "$secs" nbdkit "$@" || rc=$?
     fi
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        echo "$0: FAIL: nbdkit $* did not exit within $secs s: killed" >&2
+        _stop_failed=1
+    fi
+    return "$rc"
 }
 
 # steady CMD...: CMD's output once it has stayed the same for 0.5 s (at

@@ -17,6 +17,7 @@ refuse_start ()
     mapper_timeout 30 -U "$tmpdir/s2" --run true "$PLUGIN" "$tmpdir/d1.table" "$@" \
         > "$tmpdir/start.out" 2>&1 || rc=$?
     [ "$rc" -ne 0 ] || die "server started with $*"
+    [ "$rc" -eq 1 ] || die "start with $*: nbdkit exited $rc, not 1"
     grep -Eq -- "$pat" "$tmpdir/start.out" ||
         die "start with $*: message $(cat "$tmpdir/start.out") !~ /$pat/"
     echo "start refused: $(cat "$tmpdir/start.out")"
