@@ -398,6 +398,8 @@ device_errseq (struct device *dev)
 struct table *
 device_enter (struct device *dev)
 {
+  uint64_t asked = 0;
+
   for (;;) {
     /* Count first, then look: a suspender sets suspended first, then
      * waits for the count.  Sequentially consistent, so one of the two
@@ -408,9 +410,15 @@ device_enter (struct device *dev)
       return dev->live;
     device_exit (dev);
 
+    /* Held until resume, which may never come: a request whose client
+     * has gone, or on a server that is stopping, is given up instead.
+     */
     pthread_mutex_lock (&dev->lock);
     while (atomic_load (&dev->suspended))
-      pthread_cond_wait (&dev->cond, &dev->lock);
+      if (request_wait (&dev->cond, &dev->lock, 0, &asked) < 0) {
+        pthread_mutex_unlock (&dev->lock);
+        return NULL;
+      }
     pthread_mutex_unlock (&dev->lock);
   }
 }
@@ -1375,26 +1383,23 @@ device_wait_event (struct device *dev, uint64_t event_nr,
                    struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->event_lock);
-  struct timespec deadline;
-  bool timed_out = false;
+  uint64_t deadline = 0, asked = 0;
 
-  if (timeout_ms >= 0) {
-    clock_gettime (CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (timeout_ms % 1000) * 1000000;
-    if (deadline.tv_nsec >= 1000000000) {
-      deadline.tv_sec++;
-      deadline.tv_nsec -= 1000000000;
-    }
-  }
+  /* A timeout past the clock's range (some 500 years) is none. */
+  if (timeout_ms >= 0 &&
+      (__builtin_mul_overflow ((uint64_t) timeout_ms, 1000000, &deadline) ||
+       __builtin_add_overflow (deadline, monotonic_ns (), &deadline)))
+    deadline = 0;
   while (atomic_load (&dev->event_nr) <= event_nr && !dev->removed &&
-         !timed_out) {
-    if (timeout_ms < 0)
-      pthread_cond_wait (&dev->event_cond, &dev->event_lock);
-    else
-      timed_out = pthread_cond_timedwait (&dev->event_cond, &dev->event_lock,
-                                          &deadline) == ETIMEDOUT;
-  }
+         !(deadline && monotonic_ns () >= deadline))
+    /* Without a timeout too: not past a stop or the client's going. */
+    if (request_wait (&dev->event_cond, &dev->event_lock, deadline,
+                      &asked) < 0) {
+      *now = atomic_load (&dev->event_nr);
+      mapper_err_set (err, "device '%s': wait given up: the server is "
+                      "stopping or the client has gone", dev->name);
+      return -ESHUTDOWN;
+    }
   *now = atomic_load (&dev->event_nr);
   if (*now > event_nr)
     return 0;

@@ -15,6 +15,7 @@
 
 mapper_log_fn mapper_debug;
 mapper_log_fn mapper_log;
+mapper_abandoned_fn mapper_request_abandoned;
 bool mapper_trace_io;
 bool mapper_flush_per_target;
 
@@ -82,6 +83,41 @@ monotonic_ns (void)
 
   clock_gettime (CLOCK_MONOTONIC, &ts);
   return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int
+request_wait (pthread_cond_t *cond, pthread_mutex_t *lock, uint64_t deadline,
+              uint64_t *asked)
+{
+  uint64_t now = monotonic_ns (), until;
+  struct timespec ts;
+
+  if (*asked == 0)
+    *asked = now;
+  else if (now - *asked >= REQUEST_WAIT_SLICE_NS) {
+    /* Asked by elapsed time, not by timeouts: wake-ups for others on
+     * the same condition variable must not postpone the question.  The
+     * server's answer may take a system call: not under the lock.
+     */
+    int r = 0;
+
+    *asked = now;
+    if (mapper_request_abandoned) {
+      pthread_mutex_unlock (lock);
+      r = mapper_request_abandoned ();
+      pthread_mutex_lock (lock);
+    }
+    if (r < 0)
+      return -ESHUTDOWN;
+  }
+  until = *asked + REQUEST_WAIT_SLICE_NS;
+  if (deadline && deadline < until)
+    until = deadline;
+  ts.tv_sec = until / 1000000000;
+  ts.tv_nsec = until % 1000000000;
+  /* Whatever the clock cond was made with. */
+  pthread_cond_clockwait (cond, lock, CLOCK_MONOTONIC, &ts);
+  return 0;
 }
 
 void

@@ -71,6 +71,17 @@ extern mapper_log_fn mapper_log;
 extern bool mapper_trace_io;         /* log each request's split */
 extern bool mapper_flush_per_target; /* benchmarks only: flush like old dm */
 const char *mapper_version (void);
+/* Set by the server around the engine (the plugin): has the request the
+ * calling thread serves been given up, because the server is stopping or
+ * its client has gone?  0, or -ESHUTDOWN.  Waits that can hold a request
+ * without bound (a suspended device, a delay target, a wait for an event)
+ * ask every tenth of a second, and fail the request with -ESHUTDOWN when
+ * told so: neither a stop nor a disconnect waits for a resume or a
+ * delay.  Also called from the engine's own threads (a mirror's resync
+ * held by a suspended device), where only a stop counts.  NULL: never.
+ */
+typedef int (*mapper_abandoned_fn) (void);
+extern mapper_abandoned_fn mapper_request_abandoned;
 /* Start the engine's threads (call after any fork: nbdkit .after_fork)
  * and stop them (nbdkit .cleanup).  0 or -errno.
  */

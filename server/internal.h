@@ -82,6 +82,16 @@ void mirror_resync_stop (void);
 
 /* engine.c */
 uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
+/* One turn of a wait that holds a client request: wait on cond (lock
+ * held, as for pthread_cond_wait) until woken or until deadline
+ * (monotonic_ns, 0: none), at most one slice.  Once a slice has passed
+ * since *asked (0 at the start of the wait), asks
+ * mapper_request_abandoned first.  0: look at the condition again;
+ * -ESHUTDOWN: give the request up.  The fast path never comes here.
+ */
+#define REQUEST_WAIT_SLICE_NS (100 * 1000000ULL)
+int request_wait (pthread_cond_t *cond, pthread_mutex_t *lock,
+                  uint64_t deadline, uint64_t *asked);
 /* A thread that blocks all signals, named NAME; 0 or an errno. */
 int mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
                           const char *name);
@@ -278,7 +288,10 @@ struct device {
  * its swaps dropped; takes dev->lock.
  */
 uint64_t device_errseq (struct device *dev);
-/* Enter/exit the live table for a request (blocks while suspended). */
+/* Enter/exit the live table for a request (blocks while suspended).
+ * NULL: the request was given up while held (mapper_request_abandoned):
+ * fail it with -ESHUTDOWN, without device_exit.
+ */
 struct table *device_enter (struct device *dev);
 void device_exit (struct device *dev);
 /* Move the event counter on and wake device_wait_event (dm's

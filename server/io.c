@@ -386,6 +386,8 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
   size_t i;
   int r;
 
+  if (t == NULL)
+    return -ESHUTDOWN;
   /* Never let a request beyond the live table reach a backend (the client
    * may have seen a bigger size before a reload).
    */
@@ -506,6 +508,8 @@ device_flush_errseq (struct device *dev, uint32_t flags,
   uint64_t since = seen ? atomic_load (seen) : UINT64_MAX;
   int r = 0;
 
+  if (t == NULL)
+    return -ESHUTDOWN;
   /* Targets that delay or fail flushes (delay, flakey) first. */
   if (t->nr_flush_hooks)
     r = table_flush_hooks (t, flags);
@@ -672,6 +676,8 @@ device_extents (struct device *dev, uint32_t count, uint64_t offset,
   size_t i;
   int r = 0;
 
+  if (t == NULL)
+    return -ESHUTDOWN;
   if (offset > t->caps.size || count > t->caps.size - offset) {
     device_exit (dev);
     return -EIO;

@@ -4,7 +4,8 @@
  * the semantics of holding I/O back, checked by ordering, never by time:
  * a request delayed by an hour is seen waiting (status), a suspend lets it
  * go at once (the test would hang otherwise; alarm() turns a hang into a
- * failure), and after resume requests are held again.
+ * failure), and after resume requests are held again; a held request
+ * given up (mapper_request_abandoned) fails with ESHUTDOWN.
  */
 #include <config.h>
 
@@ -356,6 +357,60 @@ test_zero_delay (void)
   device_destroy (dev);
 }
 
+/* mapper_request_abandoned, as the plugin sets it: gives up once told. */
+static _Atomic bool abandon;
+
+static int
+abandoned_hook (void)
+{
+  return atomic_load (&abandon) ? -ESHUTDOWN : 0;
+}
+
+/* A request held by an hour's delay whose client has gone, or on a
+ * server that is stopping, fails with -ESHUTDOWN instead of waiting the
+ * hour (nothing reaches the backend), for every class; the delay itself
+ * is not worn out: the next request is held again.
+ */
+static void
+test_given_up (void)
+{
+  static const struct { enum io_op op; const char *status; } held[] = {
+    { IO_READ, "1 0 0" }, { IO_WRITE, "0 1 0" }, { IO_FLUSH, "0 0 1" },
+  };
+  unsigned char *disk;
+  struct device *dev;
+
+  mapper_request_abandoned = abandoned_hook;
+  unit_write_file (unit_path ("given-up"), NULL, 64 * S);
+  dev = ut_device ("given-up", ut_parse ("0 16 delay %s 0 " HOUR " %s 0 "
+                                         HOUR "\n", R,
+                                         unit_path ("given-up")));
+  for (size_t i = 0; i < ARRAY_SIZE (held); i++) {
+    struct op o = { .dev = dev, .op = held[i].op };
+    pthread_t th;
+
+    atomic_init (&o.done, false);
+    unit_fill (o.buf, sizeof o.buf, 9, 0);
+    if (pthread_create (&th, NULL, op_thread, &o) != 0)
+      UNIT_FATAL ("pthread_create");
+    wait_status (dev, held[i].status);
+    atomic_store (&abandon, true);
+    pthread_join (th, NULL);
+    atomic_store (&abandon, false);
+    CHECKF (o.result == -ESHUTDOWN, "%s: %s", io_op_name[held[i].op],
+            strerror (-o.result));
+    pthread_mutex_lock (&dev->lock);
+    CHECK (strcmp (ut_status (dev->live, 0, STATUSTYPE_INFO), "0 0 0") == 0);
+    pthread_mutex_unlock (&dev->lock);
+  }
+  disk = ut_read_at (unit_path ("given-up"), 0, 16 * S);
+  CHECK (unit_is_zero (disk, 16 * S));          /* the write never landed */
+  free (disk);
+  held_then_released (dev, IO_READ, "1 0 0");
+  device_destroy (dev);
+  mapper_request_abandoned = NULL;
+}
+
 int
 main (void)
 {
@@ -367,6 +422,7 @@ main (void)
   test_mapping ();
   test_suspend_releases ();
   test_zero_delay ();
+  test_given_up ();
   free (R);
   free (W);
   free (F);

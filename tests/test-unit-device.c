@@ -2,11 +2,15 @@
  * names stay valid), replace (event, tables, data path), remove --force
  * (error table for open clients), clear, info, table/status text, wait
  * with timeout, events from targets (target_event: only from the live
- * table, logged), message routing, targets registry.
+ * table, logged), message routing, held requests and waits given up
+ * (mapper_request_abandoned), targets registry.
  */
 #include <config.h>
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "unit.h"
@@ -110,6 +114,104 @@ test_target_events (void)
   device_destroy (dev);          /* unbinds the live table (table_free asserts) */
 }
 
+/* mapper_request_abandoned, as the plugin sets it: counts the questions
+ * and gives up once told to.
+ */
+static _Atomic unsigned asked;
+static _Atomic bool abandon;
+
+static int
+abandoned_hook (void)
+{
+  atomic_fetch_add (&asked, 1);
+  return atomic_load (&abandon) ? -ESHUTDOWN : 0;
+}
+
+struct reader {
+  struct device *dev;
+  char buf[512];
+  int r;
+};
+
+static void *
+read_thread (void *p)
+{
+  struct reader *rd = p;
+
+  rd->r = device_pread (rd->dev, rd->buf, sizeof rd->buf, 0, 0);
+  return NULL;
+}
+
+/* Wait until a held request has asked the hook: it is waiting. */
+static void
+wait_asked (void)
+{
+  while (atomic_load (&asked) == 0)
+    usleep (1000);
+}
+
+/* A request held by a suspended device, and a wait for an event without
+ * a timeout, give up with -ESHUTDOWN once the hook says the server is
+ * stopping or the client has gone (else a stop would wait for a resume
+ * that never comes); until then a resume still releases them normally.
+ * The fast path never asks.
+ */
+static void
+test_given_up (const char *f)
+{
+  struct mapper_err err = { "" };
+  struct device *dev;
+  struct reader rd;
+  uint64_t now;
+  pthread_t th;
+  char line[256], buf[512];
+
+  mapper_request_abandoned = abandoned_hook;
+  snprintf (line, sizeof line, "0 2048 linear %s 0\n", f);
+  CHECK_EQ (device_create ("held", &dev, &err), 0);
+  device_load (dev, parse (line));
+  CHECK_EQ (device_resume (dev, &err), 0);
+  for (int i = 0; i < 1000; i++)
+    CHECK_EQ (device_pread (dev, buf, sizeof buf, 0, 0), 0);
+  CHECK_EQ (atomic_load (&asked), 0);
+
+  /* Held, then resumed: the read completes. */
+  rd = (struct reader) { .dev = dev };
+  CHECK_EQ (device_suspend (dev, false), 0);
+  pthread_create (&th, NULL, read_thread, &rd);
+  wait_asked ();
+  CHECK_EQ (device_resume (dev, &err), 0);
+  pthread_join (th, NULL);
+  CHECK_EQ (rd.r, 0);
+
+  /* Held, then given up: -ESHUTDOWN, and the device is still suspended
+   * and whole (a resume serves the next request).
+   */
+  atomic_store (&asked, 0);
+  rd = (struct reader) { .dev = dev };
+  CHECK_EQ (device_suspend (dev, false), 0);
+  pthread_create (&th, NULL, read_thread, &rd);
+  wait_asked ();
+  atomic_store (&abandon, true);
+  pthread_join (th, NULL);
+  CHECK_EQ (rd.r, -ESHUTDOWN);
+
+  /* An event wait without a timeout: given up too. */
+  CHECK_EQ (device_wait_event (dev, 1000, -1, &now, &err), -ESHUTDOWN);
+  CHECK (strstr (err.msg, "device 'held': wait given up"));
+  /* ... but one with a timeout still times out, abandoned or not, and an
+   * event that has happened is reported at once.
+   */
+  CHECK_EQ (device_wait_event (dev, 1000, 0, &now, &err), -ETIMEDOUT);
+  CHECK_EQ (device_wait_event (dev, 0, -1, &now, &err), 0);
+
+  atomic_store (&abandon, false);
+  CHECK_EQ (device_resume (dev, &err), 0);
+  CHECK_EQ (device_pread (dev, buf, sizeof buf, 0, 0), 0);
+  device_destroy (dev);
+  mapper_request_abandoned = NULL;
+}
+
 int
 main (void)
 {
@@ -122,6 +224,8 @@ main (void)
   unsigned v[3];
   int r;
 
+  /* A held request never given up would hang the test: fail instead. */
+  alarm (120);
   unit_write_file (f, NULL, 1 << 20);
 
   /* create: suspended, no table; load + resume: live, event 1. */
@@ -270,6 +374,7 @@ main (void)
   }
 
   test_target_events ();
+  test_given_up (f);
 
   /* targets registry. */
   CHECK (target_type_count () >= 4);

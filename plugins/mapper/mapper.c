@@ -178,6 +178,21 @@ log_event (const char *fmt, ...)
   va_end (ap);
 }
 
+/* mapper_request_abandoned: nbdkit 1.32 tells a plugin neither that the
+ * server is stopping nor that a client has gone, and waits for every
+ * request in the plugin before it exits: only nbdkit_nanosleep ends
+ * early then (it polls the quit pipe and, in a connection's thread, the
+ * connection's status pipe and socket).  A zero sleep asks without
+ * waiting.  In a thread of the plugin's own it sees only the quit pipe.
+ */
+static int
+request_abandoned (void)
+{
+  if (nbdkit_nanosleep (0, 0) == -1 && errno == ESHUTDOWN)
+    return -ESHUTDOWN;
+  return 0;
+}
+
 /* The device name of a table file: basename without ".table". */
 static char *
 device_name_of (const char *path)
@@ -251,6 +266,7 @@ mapper_config_complete (void)
 {
   mapper_debug = log_debug;
   mapper_log = log_event;
+  mapper_request_abandoned = request_abandoned;
   mapper_trace_io = mapper_debug_io != 0;
   mapper_flush_per_target = mapper_debug_flush_per_target != 0;
 

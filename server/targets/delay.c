@@ -12,7 +12,9 @@
  * deadline measured from the request's start: a request crossing several
  * delay targets waits for the longest delay, as dm's parallel bios would.
  * A suspend releases every waiter at once (presuspend), so it never waits
- * out a delay; resume lets delays apply again.
+ * out a delay; resume lets delays apply again.  A waiter whose client has
+ * gone, or on a server that is stopping, fails with ESHUTDOWN
+ * (request_wait), so that neither waits out a delay either.
  *
  * Flushes: a device flush goes once to every backend of the table
  * (flush.c), never through map.  The flush hook makes it wait the flush
@@ -126,27 +128,28 @@ delay_dtr (struct target *ti)
   free (dc);
 }
 
-/* Wait until the request's start + the class's delay, or a suspend. */
-static void
+/* Wait until the request's start + the class's delay, or a suspend.
+ * -ESHUTDOWN: the request was given up meanwhile (its client has gone or
+ * the server is stopping): a long delay holds neither up.
+ */
+static int
 delay_wait (struct delay *dc, struct io_req *req, int cls)
 {
   uint32_t ms = dc->class[cls].delay_ms;
-  uint64_t deadline;
-  struct timespec ts;
+  uint64_t deadline, asked = 0;
+  int r = 0;
 
   if (ms == 0)
-    return;
+    return 0;
   deadline = io_req_start_ns (req) + (uint64_t) ms * 1000000;
-  ts.tv_sec = deadline / 1000000000;
-  ts.tv_nsec = deadline % 1000000000;
 
   pthread_mutex_lock (&dc->lock);
   dc->waiting[cls]++;
-  while (dc->may_delay &&
-         pthread_cond_timedwait (&dc->cond, &dc->lock, &ts) != ETIMEDOUT)
-    ;
+  while (r == 0 && dc->may_delay && monotonic_ns () < deadline)
+    r = request_wait (&dc->cond, &dc->lock, deadline, &asked);
   dc->waiting[cls]--;
   pthread_mutex_unlock (&dc->lock);
+  return r;
 }
 
 static int
@@ -156,16 +159,17 @@ delay_map (struct target *ti, struct io_req *req, uint64_t off,
   struct delay *dc = ti->private;
   int cls = io_req_is_read (req) ? CLASS_READ : CLASS_WRITE;
   const struct delay_class *c = &dc->class[cls];
+  int r = delay_wait (dc, req, cls);
 
-  delay_wait (dc, req, cls);
+  if (r < 0)
+    return r;
   return io_emit (req, c->be, c->start + off, len, buf);
 }
 
 static int
 delay_flush (struct target *ti, struct io_req *req)
 {
-  delay_wait (ti->private, req, CLASS_FLUSH);
-  return 0;
+  return delay_wait (ti->private, req, CLASS_FLUSH);
 }
 
 static void
