@@ -252,7 +252,9 @@ sleep_ns (long ns)
 }
 
 /* Copy one region from leg 0 to the other healthy legs, with writes to it
- * fenced off.  0 or -errno (the source failed).
+ * fenced off.  0 or -errno (the source failed); -ESHUTDOWN: given up
+ * because the server is stopping (a leg on a suspended device holds the
+ * copy until then), which says nothing about the legs.
  */
 static int
 copy_region (struct mirror *m, char *buf, uint64_t region)
@@ -284,7 +286,8 @@ copy_region (struct mirror *m, char *buf, uint64_t region)
       r = io_req_run (&req);
     io_req_release (&req);
     if (r < 0) {
-      mark_leg (m, 0, LEG_READ_ERR, "failed a resync read");
+      if (r != -ESHUTDOWN)
+        mark_leg (m, 0, LEG_READ_ERR, "failed a resync read");
       break;
     }
     /* Each leg its own request, so a failing leg is known by name. */
@@ -298,7 +301,9 @@ copy_region (struct mirror *m, char *buf, uint64_t region)
       if (e == 0)
         e = io_req_run (&req);
       io_req_release (&req);
-      if (e < 0)
+      if (e == -ESHUTDOWN)
+        r = e;                  /* not copied: not in sync */
+      else if (e < 0)
         mark_leg (m, i, LEG_SYNC_ERR, "failed a resync write");
     }
   }
@@ -348,7 +353,7 @@ resync_worker (void *arg)
      * device the table is live on.  Each happens once: m is not queued
      * again after either.
      */
-    if (r < 0) {
+    if (r < 0 && r != -ESHUTDOWN) {
       atomic_store (&m->resync_failed, true);
       log_state (m, "resync stopped: the source leg failed");
       target_event (m->ti, "resync stopped: leg 0 %s (the source) failed, "
@@ -368,6 +373,8 @@ resync_worker (void *arg)
       sleep_ns (THROTTLE_NS);
 
     pthread_mutex_lock (&resync_lock);
+    if (r == -ESHUTDOWN)
+      m->next_region = region;  /* again, unless the engine stops first */
     resync_current = NULL;
     enqueue_locked (m);
     pthread_cond_broadcast (&resync_cond);
