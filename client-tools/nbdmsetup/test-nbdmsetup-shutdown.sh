@@ -23,12 +23,13 @@ serve ()
     start_server -v "$tmpdir/dev.table" 2> "$tmpdir/log"
 }
 
-# held_read: a read of dev in the background ($reader, which reports in
-# $tmpdir/reader.out), once it has reached the plugin; the control export
-# still answers, and counts the reader's connection.
+# held_read [NAME]: a read of NAME (dev) in the background ($reader, which
+# reports in $tmpdir/reader.out), once it has reached the plugin; the
+# control export still answers, and counts the reader's connection.
 held_read ()
 {
-    nbdsh -u "$uri" -c '
+    local name=${1:-dev}
+    nbdsh -u "nbd+unix:///$name?socket=$sock" -c '
 try:
     h.pread(512, 0)
     print("read completed")
@@ -38,8 +39,8 @@ except nbd.Error as e:
     reader=$!
     wait_for grep -q 'mapper: pread count=512 offset=0' "$tmpdir/log" ||
         die "the read did not reach the plugin"
-    ms info dev | grep -q '^Open count: *1$' ||
-        die "control export: $(ms info dev)"
+    ms info "$name" | grep -q '^Open count: *1$' ||
+        die "control export: $(ms info "$name")"
 }
 
 # stop_held WHAT: SIGTERM the server; it must exit by itself, and the
@@ -53,7 +54,8 @@ stop_held ()
     echo "$1: the server stopped; the held read failed with ESHUTDOWN"
 }
 
-open_count_is () { ms info dev | grep -q "^Open count: *$1\$"; }
+# open_count_is NAME N
+open_count_is () { ms info "$1" | grep -q "^Open count: *$2\$"; }
 
 # 1. A read held by a suspended device, then SIGTERM.
 serve "0 2048 linear $a 0"
@@ -76,7 +78,7 @@ ms suspend dev
 held_read
 kill -9 "$reader"
 wait "$reader" 2>/dev/null || :
-wait_for open_count_is 0 || die "disconnected: $(ms info dev)"
+wait_for open_count_is dev 0 || die "disconnected: $(ms info dev)"
 ms resume dev
 nbdsh -u "$uri" -c 'assert h.pread(512, 0) == bytes(512)' ||
     die "read after resume"
@@ -89,9 +91,26 @@ serve "0 2048 delay $a 0 600000"
 held_read
 kill -9 "$reader"
 wait "$reader" 2>/dev/null || :
-wait_for open_count_is 0 || die "disconnected: $(ms info dev)"
+wait_for open_count_is dev 0 || die "disconnected: $(ms info dev)"
 ms status dev | grep -qx '0 2048 delay 0 0 0' || die "status: $(ms status dev)"
 echo "delay: a gone client's held read was given up"
+stop_server || die "after a disconnect: the server needed SIGKILL"
+
+# ... and through a mirror whose leg is a suspended device (mapper:dev):
+# the read given up is no fault of the leg's (still A, not R).
+b=$(mkfile b.img 1M)
+serve "0 2048 linear $a 0"
+ms create up --table "0 2048 mirror core 2 1024 nosync 2 mapper:dev 0 $b 0"
+ms suspend dev
+held_read up
+kill -9 "$reader"
+wait "$reader" 2>/dev/null || :
+wait_for open_count_is up 0 || die "disconnected: $(ms info up)"
+ms status up | grep -q ' 1 AA 1 core$' || die "the leg was blamed: $(ms status up)"
+ms resume dev
+nbdsh -u "nbd+unix:///up?socket=$sock" -c 'assert h.pread(512, 0) == bytes(512)' ||
+    die "mirror read after resume"
+echo "mirror: a gone client's read held by a suspended leg was given up"
 stop_server || die "after a disconnect: the server needed SIGKILL"
 
 # 4. "nbdmsetup wait" with no timeout for an event that never comes, then
@@ -110,7 +129,6 @@ echo "event wait: the server stopped; the wait failed: $(cat "$tmpdir/wait.out")
 # resync thread, the engine's own, waits in that device's gate; SIGTERM
 # and the server exits (its cleanup joins the thread), without blaming
 # the leg.
-b=$(mkfile b.img 1M)
 serve "0 2048 linear $a 0"
 ms suspend dev
 ms create up --table "0 2048 mirror core 2 1024 sync 2 mapper:dev 0 $b 0"

@@ -478,7 +478,11 @@ mirror_read_end_io (struct clone *c, int error)
   unsigned tried = ARG_TRIED (c->end_io_arg);
   uint64_t toff = c->offset - m->legs[leg].start;
 
-  if (error == 0 || error == -ECANCELED)
+  /* Given up (a leg on a suspended device, and the client gone or the
+   * server stopping): no fault of the leg's, and nobody to retry for.
+   * A write given up so stays a failed write: that leg missed it.
+   */
+  if (error == 0 || error == -ECANCELED || error == -ESHUTDOWN)
     return error;
   mark_leg (m, leg, LEG_READ_ERR, "failed a read");
   /* Another leg can only serve it where it is in sync. */
