@@ -82,6 +82,8 @@ wait_for open_count_is dev 0 || die "disconnected: $(ms info dev)"
 ms resume dev
 nbdsh -u "$uri" -c 'assert h.pread(512, 0) == bytes(512)' ||
     die "read after resume"
+# That reader's connection closes a little after it exits.
+wait_for open_count_is dev 0 || die "after the read: $(ms info dev)"
 ms remove dev
 echo "suspended device: a gone client's held read was given up"
 stop_server || die "after a disconnect: the server needed SIGKILL"
