@@ -85,6 +85,8 @@ monotonic_ns (void)
   return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+__thread _Atomic bool *request_wait_cancel;
+
 int
 request_wait (pthread_cond_t *cond, pthread_mutex_t *lock, uint64_t deadline,
               uint64_t *asked)
@@ -102,6 +104,8 @@ request_wait (pthread_cond_t *cond, pthread_mutex_t *lock, uint64_t deadline,
     int r = 0;
 
     *asked = now;
+    if (request_wait_cancel && atomic_load (request_wait_cancel))
+      return -ESHUTDOWN;
     if (mapper_request_abandoned) {
       pthread_mutex_unlock (lock);
       r = mapper_request_abandoned ();

@@ -92,6 +92,11 @@ uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
 #define REQUEST_WAIT_SLICE_NS (100 * 1000000ULL)
 int request_wait (pthread_cond_t *cond, pthread_mutex_t *lock,
                   uint64_t deadline, uint64_t *asked);
+/* Set by an engine thread around work that may be held the same way
+ * (a mirror's resync through a suspended mapper:NAME leg): once *flag is
+ * true, request_wait gives that work up as well.
+ */
+extern __thread _Atomic bool *request_wait_cancel;
 /* A thread that blocks all signals, named NAME; 0 or an errno. */
 int mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
                           const char *name);

@@ -6,8 +6,8 @@
 # fails with ESHUTDOWN.  A client that goes away while its read is held
 # frees the worker: its connection closes (open count 0) and the device
 # serves on.  The control export answers while a read is held.  A
-# mirror's resync held by a suspended device does not hold a stop up
-# either.
+# mirror's resync held by a suspended device holds up neither a stop nor
+# a suspend of the mirror.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 
@@ -138,5 +138,21 @@ ms status up | grep -q ' 0/2 1 AA 1 core$' || die "resync: $(ms status up)"
 stop_server || die "resync from a suspended device: the server needed SIGKILL"
 ! grep 'failed a resync' "$tmpdir/log" || die "the leg was blamed"
 echo "resync from a suspended device: the server stopped"
+
+# 6. Suspending that mirror meanwhile: the copy held by the suspended
+# device gives up, so the suspend returns and the control export answers
+# (the device's resume among the rest); after both resumes the resync
+# finishes.  ("timeout" turns a hang into a failure.)
+serve "0 2048 linear $a 0"
+ms suspend dev
+ms create up --table "0 2048 mirror core 2 1024 sync 2 mapper:dev 0 $b 0"
+timeout 60 "$NBDMSETUP" suspend up || die "suspend of the mirror hung"
+ms info up | grep -q '^State: *SUSPENDED$' || die "mirror: $(ms info up)"
+ms resume dev
+ms resume up
+resynced () { ms status up | grep -q ' 2/2 1 AA 1 core$'; }
+wait_for resynced || die "resync after resume: $(ms status up)"
+echo "suspending a mirror whose resync a suspended device holds: done"
+stop_server || die "mirror suspend: the server needed SIGKILL"
 
 echo "$0: ok"

@@ -75,6 +75,7 @@ struct mirror {
   _Atomic uint64_t nr_in_sync;
   _Atomic bool all_in_sync;
   _Atomic bool resync_failed;   /* source leg failed: no way to finish */
+  _Atomic bool stop_copy;       /* postsuspend: give the copy up */
   _Atomic uint64_t fg_ios;      /* foreground requests while resyncing */
 
   /* Write fencing during resync (see mirror_write_enter). */
@@ -253,8 +254,9 @@ sleep_ns (long ns)
 
 /* Copy one region from leg 0 to the other healthy legs, with writes to it
  * fenced off.  0 or -errno (the source failed); -ESHUTDOWN: given up
- * because the server is stopping (a leg on a suspended device holds the
- * copy until then), which says nothing about the legs.
+ * because the server is stopping or the mirror is being suspended (a leg
+ * on a suspended device holds the copy until then), which says nothing
+ * about the legs.
  */
 static int
 copy_region (struct mirror *m, char *buf, uint64_t region)
@@ -347,7 +349,9 @@ resync_worker (void *arg)
     pthread_mutex_unlock (&resync_lock);
 
     seen = atomic_load (&m->fg_ios);
+    request_wait_cancel = &m->stop_copy;
     r = copy_region (m, buf, region);
+    request_wait_cancel = NULL;
     /* Raised while resync_current is m: a swap waits for that
      * (postsuspend) before it unbinds the table, so they reach the
      * device the table is live on.  Each happens once: m is not queued
@@ -894,8 +898,15 @@ mirror_postsuspend (struct target *ti)
 
   m->live = false;
   dequeue_locked (m);
+  /* A copy held by a suspended device (a leg on mapper:NAME) would hold
+   * this suspend, and the control commands behind it (that device's
+   * resume too), until that device resumes: it gives up instead, and the
+   * region stays out of sync.
+   */
+  atomic_store (&m->stop_copy, true);
   while (resync_current == m)
     pthread_cond_wait (&resync_cond, &resync_lock);
+  atomic_store (&m->stop_copy, false);
 }
 
 static void
