@@ -19,23 +19,11 @@ dir=$tmpdir/t
 mkdir "$dir"
 start_server tables="$dir"
 
-# stop_must_exit: SIGTERM, and the server must be gone within 10 s.
+# stop_must_exit: SIGTERM, and the server must be gone within 10 s
+# (stop_server fails the test otherwise).
 stop_must_exit ()
 {
-    local pid i
-    pid=$(cat "$tmpdir/pid")
-    kill "$pid"
-    for (( i = 0; i < 100; i++ )); do
-        kill -0 "$pid" 2>/dev/null || break
-        [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ] || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null &&
-       [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ]; then
-        kill -9 "$pid"
-        die "the server did not exit within 10 s of SIGTERM"
-    fi
-    rm -f "$tmpdir/pid" "$sock"
+    stop_server || die "the server did not exit within 10 s of SIGTERM"
 }
 
 # --- shrinking the lower device --------------------------------------------
