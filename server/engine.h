@@ -231,7 +231,7 @@ int device_wait_event (struct device *dev, uint64_t event_nr,
 size_t target_type_count (void);
 const char *target_type_info (size_t i, unsigned version[3]);
 
-/* io.c: the request path.  Return 0 or -errno. */
+/* device-io.c: the request path.  Return 0 or -errno. */
 int device_pread (struct device *dev, void *buf, uint32_t count,
                   uint64_t offset, uint32_t flags);
 int device_pwrite (struct device *dev, const void *buf, uint32_t count,

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "engine.h"
 #include "backend.h"
@@ -131,12 +132,35 @@ struct ev_loop *ioloop_ev (void);
 unsigned ioloop_generation (void);
 bool ioloop_in_loop_thread (void);
 
-/* io.c */
+/* io.c: the request/clone core. */
 void clone_done (struct clone *c, int error);  /* error: 0 or -errno */
-void io_req_init (struct io_req *req, enum io_op op, uint32_t flags);
+/* Inline: every request on the hot path starts and ends with these. */
+static inline void
+io_req_init (struct io_req *req, enum io_op op, uint32_t flags)
+{
+  req->op = op;
+  req->flags = flags;
+  atomic_init (&req->pending, 1);      /* held while issuing */
+  atomic_init (&req->error, 0);
+  atomic_init (&req->retry, NULL);
+  req->clones = req->inline_clones;
+  req->nr = 0;
+  req->cap = IO_INLINE_CLONES;
+  req->start_ns = 0;
+}
+static inline void
+io_req_release (struct io_req *req)
+{
+  if (req->clones != req->inline_clones)
+    free (req->clones);
+}
 struct clone *io_req_new_clone (struct io_req *req);
 int io_req_run (struct io_req *req);
-void io_req_release (struct io_req *req);
+/* The request failed while being mapped: its clones are never submitted.
+ * Hooked clones still get their end_io (-ECANCELED), for the target's
+ * accounting.
+ */
+void io_req_cancel (struct io_req *req);
 /* For targets that must see or change data on its way (crypt, flakey's
  * corruption): one synchronous sub-request to be, issued and waited for
  * inside map(), so buf may be a bounce buffer reused as soon as this
@@ -304,7 +328,7 @@ void device_exit (struct device *dev);
  */
 void device_event (struct device *dev);
 
-/* extents walk state (io.c) */
+/* extents.c: the walk's state (device_extents starts it). */
 struct extent_walk {
   mapper_extent_fn fn;
   void *opaque;

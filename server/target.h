@@ -201,7 +201,7 @@ int io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
                     int (*end_io) (struct clone *c, int error),
                     void *ctx, uint64_t arg);
 enum io_op io_req_op (const struct io_req *req);
-/* io.c: for extents(); coordinates are target-relative.  Return 0 or
+/* extents.c: for extents(); coordinates are target-relative.  Return 0 or
  * -errno; after either, stop when extent_walk_done() says so.  A target
  * reports data (type 0) wherever it cannot tell, never an error: block
  * status fails only when the reply itself cannot be built.

@@ -360,7 +360,7 @@ test_big_offsets (void)
 
 /* --- extents ------------------------------------------------------------ */
 
-#define XMAX_EXTENTS 4096         /* io.c's MAX_EXTENTS */
+#define XMAX_EXTENTS 4096         /* extents.c's MAX_EXTENTS */
 #define HZ (MAPPER_EXTENT_HOLE | MAPPER_EXTENT_ZERO)
 
 struct xt { uint64_t off, len; uint32_t type; };
