@@ -7,7 +7,6 @@
 #include <config.h>
 
 #include <errno.h>
-#include <inttypes.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -212,6 +211,24 @@ flush_per_target (struct table *t)
       return r;
   }
   return 0;
+}
+
+uint64_t
+device_errseq_sample (void)
+{
+  return errseq_sample ();
+}
+
+uint64_t
+device_errseq (struct device *dev)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  uint64_t e = atomic_load (&dev->dropped_err);
+
+  if (dev->live)
+    for (size_t i = 0; i < dev->live->backends.len; i++)
+      e = MAX (e, backend_errseq (dev->live->backends.ptr[i]));
+  return e;
 }
 
 int

@@ -260,7 +260,9 @@ int table_flush_hooks (struct table *t, uint32_t flags);
  */
 void table_bind (struct table *t, struct device *dev);
 
-/* device.c */
+/* device.c (the registry), device-slots.c, device-stack.c, device-info.c,
+ * device-io.c: a device.
+ */
 struct device {
   char *name;                   /* read-only after create */
 
@@ -313,20 +315,32 @@ struct device {
   /* The registry's hash chains (device.c), under devices_lock. */
   struct device *name_next, *uuid_next;
 };
-/* The latest error stamp (flush.c) of dev's live backends and of those
- * its swaps dropped; takes dev->lock.
- */
-uint64_t device_errseq (struct device *dev);
-/* Enter/exit the live table for a request (blocks while suspended).
- * NULL: the request was given up while held (mapper_request_abandoned):
- * fail it with -ESHUTDOWN, without device_exit.
+/* device-slots.c: enter/exit the live table for a request (blocks while
+ * suspended).  NULL: the request was given up while held
+ * (mapper_request_abandoned): fail it with -ESHUTDOWN, without
+ * device_exit.
  */
 struct table *device_enter (struct device *dev);
 void device_exit (struct device *dev);
-/* Move the event counter on and wake device_wait_event (dm's
- * event_callback); any thread, without dev->lock.
+/* device-stack.c */
+/* The checks a table must pass to become dev's live table: no cycle, and
+ * every device stacked on dev still finds what it maps.
+ */
+int device_check_new_live (struct device *dev, const struct table *t,
+                           struct mapper_err *err);
+/* -EBUSY naming the holders if another device's table stacks on dev
+ * (what it would do to dev is in what, "removed"), else 0.
+ */
+int device_refuse_if_held (struct device *dev, const char *what,
+                           struct mapper_err *err);
+/* device-info.c: move the event counter on and wake device_wait_event
+ * (dm's event_callback); any thread, without dev->lock.
  */
 void device_event (struct device *dev);
+/* device-io.c: the latest error stamp (flush.c) of dev's live backends
+ * and of those its swaps dropped; takes dev->lock.
+ */
+uint64_t device_errseq (struct device *dev);
 
 /* extents.c: the walk's state (device_extents starts it). */
 struct extent_walk {

@@ -1,0 +1,330 @@
+/* A device's table slots (dm's live and inactive tables) and the request
+ * gate in front of the live one: load fills the inactive slot, suspend
+ * closes the gate and drains the requests in flight, resume swaps the
+ * slots and opens the gate again, replace does all three with the device
+ * suspended only for the drain.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+
+#include "internal.h"
+
+/* --- the request gate ------------------------------------------------ */
+
+struct table *
+device_enter (struct device *dev)
+{
+  uint64_t asked = 0;
+
+  for (;;) {
+    /* Count first, then look: a suspender sets suspended first, then
+     * waits for the count.  Sequentially consistent, so one of the two
+     * always sees the other.
+     */
+    atomic_fetch_add (&dev->inflight, 1);
+    if (!atomic_load (&dev->suspended))
+      return dev->live;
+    device_exit (dev);
+
+    /* Held until resume, which may never come: a request whose client
+     * has gone, or on a server that is stopping, is given up instead.
+     */
+    pthread_mutex_lock (&dev->lock);
+    while (atomic_load (&dev->suspended))
+      if (request_wait (&dev->cond, &dev->lock, 0, &asked) < 0) {
+        pthread_mutex_unlock (&dev->lock);
+        return NULL;
+      }
+    pthread_mutex_unlock (&dev->lock);
+  }
+}
+
+void
+device_exit (struct device *dev)
+{
+  if (atomic_fetch_sub (&dev->inflight, 1) == 1 &&
+      atomic_load (&dev->suspended)) {
+    /* The last one out wakes a waiting suspender. */
+    pthread_mutex_lock (&dev->lock);
+    pthread_cond_broadcast (&dev->cond);
+    pthread_mutex_unlock (&dev->lock);
+  }
+}
+
+/* Let requests in again on the live table (dev->lock held). */
+static void
+unsuspend_locked (struct device *dev)
+{
+  table_resume (dev->live);     /* background work (mirror resync) */
+  atomic_store (&dev->suspended, false);
+  pthread_cond_broadcast (&dev->cond);
+}
+
+/* Stop admitting requests and wait for those in flight, then (unless
+ * noflush) make what they wrote durable.  A failed flush fails the
+ * suspend and leaves the device as it was, running (dm's
+ * __dm_suspend): a suspended device is one whose writes are known
+ * durable.  Called with dev->lock held.
+ */
+static int
+suspend_locked (struct device *dev, bool noflush)
+{
+  int r;
+
+  if (atomic_load (&dev->suspended))
+    return 0;
+  atomic_store (&dev->suspended, true);
+  /* Targets holding I/O back (delay) let it go now, so the drain below
+   * does not wait for it.
+   */
+  if (dev->live)
+    table_presuspend (dev->live);
+  while (atomic_load (&dev->inflight) != 0)
+    pthread_cond_wait (&dev->cond, &dev->lock);
+  /* Background work (mirror resync) stops too: nothing writes the
+   * table's backends until resume.
+   */
+  if (dev->live)
+    table_postsuspend (dev->live);
+  if (noflush || dev->live == NULL)
+    return 0;
+  r = io_flush_backends (dev->live->backends.ptr, dev->live->backends.len);
+  if (r < 0)
+    unsuspend_locked (dev);
+  return r;
+}
+
+int
+device_suspend (struct device *dev, bool noflush)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  return suspend_locked (dev, noflush);
+}
+
+/* --- the slots: load, resume, clear, replace ------------------------- */
+
+int
+device_check_resume (struct device *dev, struct mapper_err *err)
+{
+  struct table *t;
+
+  /* The inactive slot changes only by control commands, which the
+   * caller serialises: it stays what is checked here.
+   */
+  pthread_mutex_lock (&dev->lock);
+  t = dev->inactive;
+  pthread_mutex_unlock (&dev->lock);
+  return t ? device_check_new_live (dev, t, err) : 0;
+}
+
+int
+device_load (struct device *dev, struct table *t)
+{
+  struct table *old;
+
+  /* Callers check first for the message; never build a cycle. */
+  if (device_check_table (dev, t, NULL) < 0) {
+    table_free (t);
+    return -ELOOP;
+  }
+
+  pthread_mutex_lock (&dev->lock);
+  old = dev->inactive;
+  dev->inactive = t;
+  pthread_mutex_unlock (&dev->lock);
+  table_free (old);
+  return 0;
+}
+
+/* The swap, under dev->lock: dev->live has just replaced old.  The
+ * targets' events now reach dev from the live table only, and the swap
+ * is an event itself.
+ */
+static void
+live_swapped (struct device *dev, struct table *old)
+{
+  table_bind (old, NULL);
+  table_bind (dev->live, dev);
+  device_event (dev);
+}
+
+/* The backends of old that new does not use: only their data needs an
+ * explicit flush at a swap.  Shared ones stay covered by the clients'
+ * own flushes, which go to the new table's backends (backends are
+ * shared objects, so pointer equality is identity).
+ */
+static int
+dropped_backends (const struct table *old, const struct table *new,
+                  backend_vector *out)
+{
+  if (old == NULL)
+    return 0;
+  for (size_t i = 0; i < old->backends.len; i++) {
+    bool kept = false;
+    for (size_t j = 0; j < new->backends.len && !kept; j++)
+      kept = old->backends.ptr[i] == new->backends.ptr[j];
+    if (!kept && backend_vector_append (out, old->backends.ptr[i]) == -1)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
+/* After a swap: make what the old table wrote to the backends the new
+ * one no longer uses durable (the old table still holds them), since no
+ * client flush reaches them any more.  Errors on them that the clients
+ * would have been told of at their next flush stay the device's to tell
+ * (device_flush_errseq).  0, or -errno with err filled: the swap stands.
+ */
+static int
+flush_dropped (struct device *dev, backend_vector *dropped,
+               struct mapper_err *err)
+{
+  int r = 0;
+
+  if (dropped->len)
+    r = io_flush_backends (dropped->ptr, dropped->len);
+  for (size_t i = 0; i < dropped->len; i++)
+    errseq_note_dropped (&dev->dropped_err, dropped->ptr[i]);
+  backend_vector_reset (dropped);
+  if (r < 0)
+    mapper_err_set (err, "device '%s': the new table is live, but "
+                    "flushing the backends it no longer uses failed: %s: "
+                    "writes made to them through the old table may be lost",
+                    dev->name, mapper_strerror (-r));
+  return r;
+}
+
+int
+device_resume_swapped (struct device *dev, bool *swapped,
+                       struct mapper_err *err)
+{
+  backend_vector dropped = empty_vector;
+  struct table *old = NULL;
+  int r;
+
+  if (swapped)
+    *swapped = false;
+  if ((r = device_check_resume (dev, err)) < 0)
+    return r;
+
+  pthread_mutex_lock (&dev->lock);
+  if (dev->inactive) {
+    if (dropped_backends (dev->live, dev->inactive, &dropped) < 0) {
+      pthread_mutex_unlock (&dev->lock);
+      backend_vector_reset (&dropped);
+      mapper_err_set (err, "out of memory");
+      return -ENOMEM;
+    }
+    /* Swap only with nothing in flight and what the live table wrote
+     * durable: if that flush fails, the device carries on as it was and
+     * the new table stays inactive (dm's do_resume).
+     */
+    if ((r = suspend_locked (dev, false)) < 0) {
+      pthread_mutex_unlock (&dev->lock);
+      backend_vector_reset (&dropped);
+      mapper_err_set (err, "device '%s': flush before the swap failed: %s: "
+                      "the live table stays, the new one inactive",
+                      dev->name, mapper_strerror (-r));
+      return r;
+    }
+    old = dev->live;
+    dev->live = dev->inactive;
+    dev->inactive = NULL;
+    live_swapped (dev, old);
+    if (swapped)
+      *swapped = true;
+  }
+  if (dev->live == NULL) {
+    pthread_mutex_unlock (&dev->lock);
+    mapper_err_set (err, "device '%s' has no table to resume", dev->name);
+    return -ENXIO;
+  }
+  unsuspend_locked (dev);
+  pthread_mutex_unlock (&dev->lock);
+  r = flush_dropped (dev, &dropped, err);
+  table_free (old);
+  return r;
+}
+
+int
+device_resume (struct device *dev, struct mapper_err *err)
+{
+  return device_resume_swapped (dev, NULL, err);
+}
+
+void
+device_clear (struct device *dev)
+{
+  struct table *old;
+
+  pthread_mutex_lock (&dev->lock);
+  old = dev->inactive;
+  dev->inactive = NULL;
+  pthread_mutex_unlock (&dev->lock);
+  table_free (old);
+}
+
+int
+device_replace (struct device *dev, struct table *t, bool *swapped,
+                struct mapper_err *err)
+{
+  struct table *old_live, *old_inactive;
+  backend_vector dropped = empty_vector;
+  uint64_t t0, t1;
+  int r;
+
+  if (swapped)
+    *swapped = false;
+  if ((r = device_check_new_live (dev, t, err)) < 0) {
+    table_free (t);
+    return r;
+  }
+  pthread_mutex_lock (&dev->lock);
+  if ((r = dropped_backends (dev->live, t, &dropped)) < 0) {
+    pthread_mutex_unlock (&dev->lock);
+    mapper_err_set (err, "out of memory");
+    table_free (t);
+    return r;
+  }
+  /* Make what is written to the dropped backends so far durable before
+   * the window, so the flush that must follow the swap has little left
+   * to do; if it fails, nothing changes.
+   */
+  if (dropped.len && !atomic_load (&dev->suspended)) {
+    r = io_flush_backends (dropped.ptr, dropped.len);
+    if (r < 0) {
+      pthread_mutex_unlock (&dev->lock);
+      mapper_err_set (err, "device '%s': flush before the swap failed: %s",
+                      dev->name, mapper_strerror (-r));
+      backend_vector_reset (&dropped);
+      table_free (t);
+      return r;
+    }
+  }
+  /* Suspended only for the drain. */
+  t0 = monotonic_ns ();
+  suspend_locked (dev, true);   /* noflush: cannot fail */
+  old_live = dev->live;
+  old_inactive = dev->inactive;
+  dev->live = t;
+  dev->inactive = NULL;
+  live_swapped (dev, old_live);
+  if (swapped)
+    *swapped = true;
+  unsuspend_locked (dev);
+  t1 = monotonic_ns ();
+  pthread_mutex_unlock (&dev->lock);
+  /* Writes that went to backends the new table no longer uses are
+   * durable before replace returns, or replace says they may not be.
+   */
+  r = flush_dropped (dev, &dropped, err);
+  table_free (old_live);
+  table_free (old_inactive);
+  /* The suspended window, for bench/bench-reload (nbdkit -v). */
+  if (mapper_debug)
+    mapper_debug ("device %s: replace: suspended for %" PRIu64 " ns",
+                  dev->name, t1 - t0);
+  return r;
+}
