@@ -33,7 +33,7 @@ device_enter (struct device *dev)
      */
     pthread_mutex_lock (&dev->lock);
     while (atomic_load (&dev->suspended))
-      if (request_wait (&dev->cond, &dev->lock, 0, &asked) < 0) {
+      if (request_wait (&dev->gate_cond, &dev->lock, 0, &asked) < 0) {
         pthread_mutex_unlock (&dev->lock);
         return NULL;
       }
@@ -46,9 +46,11 @@ device_exit (struct device *dev)
 {
   if (atomic_fetch_sub (&dev->inflight, 1) == 1 &&
       atomic_load (&dev->suspended)) {
-    /* The last one out wakes a waiting suspender. */
+    /* The last one out wakes a waiting suspender (and only it: the
+     * requests held at the gate wait for a resume).
+     */
     pthread_mutex_lock (&dev->lock);
-    pthread_cond_broadcast (&dev->cond);
+    pthread_cond_broadcast (&dev->drain_cond);
     pthread_mutex_unlock (&dev->lock);
   }
 }
@@ -59,7 +61,7 @@ unsuspend_locked (struct device *dev)
 {
   table_resume (dev->live);     /* background work (mirror resync) */
   atomic_store (&dev->suspended, false);
-  pthread_cond_broadcast (&dev->cond);
+  pthread_cond_broadcast (&dev->gate_cond);
 }
 
 /* Stop admitting requests and wait for those in flight, then (unless
@@ -82,7 +84,7 @@ suspend_locked (struct device *dev, bool noflush)
   if (dev->live)
     table_presuspend (dev->live);
   while (atomic_load (&dev->inflight) != 0)
-    pthread_cond_wait (&dev->cond, &dev->lock);
+    pthread_cond_wait (&dev->drain_cond, &dev->lock);
   /* Background work (mirror resync) stops too: nothing writes the
    * table's backends until resume.
    */

@@ -257,6 +257,18 @@ device_nth (size_t i)
   return i < devices.len ? devices.ptr[i] : NULL;
 }
 
+/* Wait timeouts are intervals: immune to changes of the wall clock. */
+static void
+cond_init_monotonic (pthread_cond_t *cond)
+{
+  pthread_condattr_t attr;
+
+  pthread_condattr_init (&attr);
+  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
+  pthread_cond_init (cond, &attr);
+  pthread_condattr_destroy (&attr);
+}
+
 /* A new device has no table and is suspended, as a dm device created
  * without one: load + resume make it live.
  */
@@ -284,16 +296,10 @@ device_create (const char *name, struct device **out, struct mapper_err *err)
     return -ENOMEM;
   }
   pthread_mutex_init (&dev->lock, NULL);
-  pthread_cond_init (&dev->cond, NULL);
+  cond_init_monotonic (&dev->gate_cond);
+  cond_init_monotonic (&dev->drain_cond);
   pthread_mutex_init (&dev->event_lock, NULL);
-  {
-    /* Wait timeouts are intervals: immune to clock changes. */
-    pthread_condattr_t attr;
-    pthread_condattr_init (&attr);
-    pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
-    pthread_cond_init (&dev->event_cond, &attr);
-    pthread_condattr_destroy (&attr);
-  }
+  cond_init_monotonic (&dev->event_cond);
   atomic_init (&dev->event_nr, 0);
   atomic_init (&dev->inflight, 0);
   atomic_init (&dev->suspended, true);
@@ -338,7 +344,8 @@ device_free (struct device *dev)
   table_free (dev->inactive);
   pthread_cond_destroy (&dev->event_cond);
   pthread_mutex_destroy (&dev->event_lock);
-  pthread_cond_destroy (&dev->cond);
+  pthread_cond_destroy (&dev->drain_cond);
+  pthread_cond_destroy (&dev->gate_cond);
   pthread_mutex_destroy (&dev->lock);
   for (size_t i = 0; i < dev->nr_old_names; i++)
     free (dev->old_names[i]);

@@ -274,9 +274,17 @@ struct device {
   _Atomic bool suspended;
   struct table *live;
 
-  /* Protected by lock: the inactive slot, waiting for drain/resume. */
+  /* Protected by lock: the inactive slot, and the two waits of the slots
+   * (device-slots.c), each on a condition of its own so that neither
+   * wakes the other's sleepers (dm's md->wait for the drain): requests
+   * held at the gate while the device is suspended sleep on gate_cond
+   * until a resume opens it (through request_wait: a stop or their
+   * client's going gives them up), a suspender on drain_cond until the
+   * last request in flight leaves.  CLOCK_MONOTONIC, as event_cond.
+   */
   pthread_mutex_t lock;
-  pthread_cond_t cond;
+  pthread_cond_t gate_cond;
+  pthread_cond_t drain_cond;
   struct table *inactive;
   _Atomic unsigned open_count;
   /* Tables naming this device as mapper:NAME (backends/device.c): they

@@ -3,7 +3,8 @@
  * (error table for open clients), clear, info, table/status text, wait
  * with timeout, events from targets (target_event: only from the live
  * table, logged), message routing, held requests and waits given up
- * (mapper_request_abandoned), targets registry.
+ * (mapper_request_abandoned), a drain and a held request side by side,
+ * targets registry.
  */
 #include <config.h>
 
@@ -212,6 +213,125 @@ test_given_up (const char *f)
   mapper_request_abandoned = NULL;
 }
 
+/* The two waits of a suspend side by side: a request in flight on "up"
+ * (held below it, at the gate of the suspended "low" it stacks on) keeps
+ * a suspend of "up" draining, while a request that comes after the
+ * suspend began is held at the gate of "up".  The in-flight one leaving
+ * ends the drain, so the suspend completes while the held one stays held;
+ * the resume of "up" lets it through.  Each thread asks the hook under a
+ * name of its own, to tell which one waits where.
+ */
+static __thread int asker = -1;
+static _Atomic unsigned asked_by[2];
+
+static int
+abandoned_by_hook (void)
+{
+  if (asker >= 0)
+    atomic_fetch_add (&asked_by[asker], 1);
+  return 0;
+}
+
+struct named_reader {
+  struct reader rd;
+  int name;                     /* index into asked_by */
+  _Atomic bool done;
+};
+
+static void *
+named_read_thread (void *p)
+{
+  struct named_reader *nr = p;
+
+  asker = nr->name;
+  read_thread (&nr->rd);
+  atomic_store (&nr->done, true);
+  return NULL;
+}
+
+struct suspender {
+  struct device *dev;
+  int r;
+  _Atomic bool done;
+};
+
+static void *
+suspend_thread (void *p)
+{
+  struct suspender *s = p;
+
+  s->r = device_suspend (s->dev, true);
+  atomic_store (&s->done, true);
+  return NULL;
+}
+
+static void
+test_drain_and_gate (const char *f)
+{
+  struct mapper_err err = { "" };
+  struct device *low, *up;
+  struct device_info info;
+  struct named_reader a = { .rd.r = 1, .name = 0 };
+  struct named_reader b = { .rd.r = 1, .name = 1 };
+  struct suspender s = { .r = 1 };
+  pthread_t ta, tb, ts;
+  char line[256];
+  unsigned seen;
+
+  mapper_request_abandoned = abandoned_by_hook;
+  snprintf (line, sizeof line, "0 2048 linear %s 0\n", f);
+  CHECK_EQ (device_create ("low", &low, &err), 0);
+  device_load (low, parse (line));
+  CHECK_EQ (device_resume (low, &err), 0);
+  CHECK_EQ (device_create ("up", &up, &err), 0);
+  device_load (up, parse ("0 2048 linear mapper:low 0\n"));
+  CHECK_EQ (device_resume (up, &err), 0);
+
+  /* a: in flight on up, held at low's gate. */
+  CHECK_EQ (device_suspend (low, false), 0);
+  a.rd.dev = up;
+  pthread_create (&ta, NULL, named_read_thread, &a);
+  while (atomic_load (&asked_by[0]) == 0)
+    usleep (1000);
+
+  /* The suspend of up drains: it waits for a. */
+  s.dev = up;
+  pthread_create (&ts, NULL, suspend_thread, &s);
+  do {
+    usleep (1000);
+    device_get_info (up, &info);
+  } while (!info.suspended);
+
+  /* b: held at up's gate. */
+  b.rd.dev = up;
+  pthread_create (&tb, NULL, named_read_thread, &b);
+  while (atomic_load (&asked_by[1]) == 0)
+    usleep (1000);
+  CHECK (!atomic_load (&s.done) && !atomic_load (&a.done));
+
+  /* low resumes: a completes, the drain ends, the suspend with it; b
+   * stays held (it still asks) until up resumes.
+   */
+  CHECK_EQ (device_resume (low, &err), 0);
+  pthread_join (ta, NULL);
+  CHECK_EQ (a.rd.r, 0);
+  pthread_join (ts, NULL);
+  CHECK_EQ (s.r, 0);
+  seen = atomic_load (&asked_by[1]);
+  while (atomic_load (&asked_by[1]) == seen)
+    usleep (1000);
+  CHECK (!atomic_load (&b.done));
+  device_get_info (up, &info);
+  CHECK (info.suspended);
+  CHECK_EQ (device_resume (up, &err), 0);
+  pthread_join (tb, NULL);
+  CHECK_EQ (b.rd.r, 0);
+
+  device_destroy (up);
+  device_destroy (low);
+  mapper_request_abandoned = NULL;
+}
+
 int
 main (void)
 {
@@ -375,6 +495,7 @@ main (void)
 
   test_target_events ();
   test_given_up (f);
+  test_drain_and_gate (f);
 
   /* targets registry. */
   CHECK (target_type_count () >= 4);
