@@ -176,43 +176,6 @@ device_trim (struct device *dev, uint32_t count, uint64_t offset,
   return device_io (dev, IO_TRIM, NULL, count, offset, flags);
 }
 
-/* The "before" of nbdmapper's flush: one uncoalesced backend flush per
- * target, as dm did before it learnt to flush each device once.  Only for
- * benchmarks (-D mapper.flush_per_target=1).
- */
-static int
-flush_one_raw (struct target *ti, struct backend *be, void *data)
-{
-  struct io_req *req = data;
-  struct clone *c = io_req_new_clone (req);
-
-  if (c == NULL)
-    return -ENOMEM;
-  *c = (struct clone) { .req = req, .be = be, .op = IO_FLUSH };
-  return 0;
-}
-
-static int
-flush_per_target (struct table *t)
-{
-  for (size_t i = 0; i < t->nr_targets; i++) {
-    struct target *ti = &t->targets[i];
-    struct io_req req;
-    int r = 0;
-
-    if (ti->type->iterate_backends == NULL)
-      continue;
-    io_req_init (&req, IO_FLUSH, 0);
-    r = ti->type->iterate_backends (ti, flush_one_raw, &req);
-    if (r == 0)
-      r = io_req_run (&req);
-    io_req_release (&req);
-    if (r < 0)
-      return r;
-  }
-  return 0;
-}
-
 uint64_t
 device_errseq_sample (void)
 {
@@ -229,6 +192,13 @@ device_errseq (struct device *dev)
     for (size_t i = 0; i < dev->live->backends.len; i++)
       e = MAX (e, backend_errseq (dev->live->backends.ptr[i]));
   return e;
+}
+
+int
+device_flush_backends (struct table *t, uint64_t seen)
+{
+  /* Once per distinct backend, never once per target. */
+  return io_flush_table (t, t->backends.ptr, t->backends.len, seen);
 }
 
 int
@@ -251,18 +221,8 @@ device_flush_errseq (struct device *dev, uint32_t flags,
   /* Targets that delay or fail flushes (delay, flakey) first. */
   if (t->nr_flush_hooks)
     r = table_flush_hooks (t, flags);
-  if (r == 0) {
-    if (mapper_flush_per_target) {
-      r = flush_per_target (t);
-      /* The error stamps too (io_flush_backends_seen does it below). */
-      for (size_t i = 0; r == 0 && seen && i < t->backends.len; i++)
-        if (backend_errseq (t->backends.ptr[i]) > since)
-          r = -EIO;
-    }
-    else
-      /* Once per distinct backend, never once per target. */
-      r = io_flush_table (t, t->backends.ptr, t->backends.len, since);
-  }
+  if (r == 0)
+    r = dev->flush_backends (t, since);
   /* Errors of backends a swap took out of the table: no flush reaches
    * them any more, but this observer has not heard of them.
    */

@@ -300,6 +300,9 @@ device_create (const char *name, struct device **out, struct mapper_err *err)
   cond_init_monotonic (&dev->drain_cond);
   pthread_mutex_init (&dev->event_lock, NULL);
   cond_init_monotonic (&dev->event_cond);
+  /* Selected once: the production flush never looks at the mode. */
+  dev->flush_backends = mapper_flush_per_target ? device_flush_per_target
+    : device_flush_backends;
   atomic_init (&dev->event_nr, 0);
   atomic_init (&dev->inflight, 0);
   atomic_init (&dev->suspended, true);

@@ -69,7 +69,8 @@ extern mapper_log_fn mapper_debug;   /* NULL: no debug output */
  */
 extern mapper_log_fn mapper_log;
 extern bool mapper_trace_io;         /* log each request's split */
-extern bool mapper_flush_per_target; /* benchmarks only: flush like old dm */
+/* Benchmarks only: devices created from now on flush like old dm. */
+extern bool mapper_flush_per_target;
 const char *mapper_version (void);
 /* Set by the server around the engine (the plugin): has the request the
  * calling thread serves been given up, because the server is stopping or

@@ -265,6 +265,11 @@ void table_bind (struct table *t, struct device *dev);
  */
 struct device {
   char *name;                   /* read-only after create */
+  /* How a flush reaches the live table's backends, chosen at create and
+   * read-only after: device_flush_backends, or for benchmarks
+   * device_flush_per_target (-D mapper.flush_per_target=1).
+   */
+  int (*flush_backends) (struct table *t, uint64_t seen);
 
   /* The request path: a request counts itself in flight, then checks
    * suspended.  live changes only while suspended with in-flight == 0, so
@@ -345,6 +350,15 @@ int device_refuse_if_held (struct device *dev, const char *what,
  * (dm's event_callback); any thread, without dev->lock.
  */
 void device_event (struct device *dev);
+/* device-io.c: flush the backends of t, a live table, for an observer
+ * that last sampled the error clock at seen (UINT64_MAX: none, only the
+ * flushes' own results): once per distinct backend, as io_flush_table.
+ */
+int device_flush_backends (struct table *t, uint64_t seen);
+/* flush-per-target.c: the same once per target, like dm before it
+ * flushed each device once.  Benchmarks only (bench/bench-flush).
+ */
+int device_flush_per_target (struct table *t, uint64_t seen);
 /* device-io.c: the latest error stamp (flush.c) of dev's live backends
  * and of those its swaps dropped; takes dev->lock.
  */
