@@ -31,8 +31,8 @@ uses_backend_cb (struct target *ti, struct backend *be, void *data)
  * handle_errors drops the leg): the flush_failed hook, error path only.
  */
 static int
-io_flush_table (struct table *t, struct backend *const *bes, size_t n,
-                uint64_t seen)
+flush_table (struct table *t, struct backend *const *bes, size_t n,
+             uint64_t seen)
 {
   int inline_errs[IO_INLINE_CLONES];
   int *errs = inline_errs;
@@ -70,7 +70,7 @@ io_flush_table (struct table *t, struct backend *const *bes, size_t n,
 
 /* FUA on backends without native FUA: flush each touched backend once. */
 static int
-io_emulate_fua (struct table *t, const struct io_req *req)
+emulate_fua (struct table *t, const struct io_req *req)
 {
   struct backend *bes[IO_INLINE_CLONES];
   size_t n = 0;
@@ -87,13 +87,13 @@ io_emulate_fua (struct table *t, const struct io_req *req)
     if (j < n)
       continue;
     if (n == ARRAY_SIZE (bes)) {
-      if ((r = io_flush_table (t, bes, n, UINT64_MAX)) < 0)
+      if ((r = flush_table (t, bes, n, UINT64_MAX)) < 0)
         return r;
       n = 0;
     }
     bes[n++] = be;
   }
-  return n ? io_flush_table (t, bes, n, UINT64_MAX) : 0;
+  return n ? flush_table (t, bes, n, UINT64_MAX) : 0;
 }
 
 static int
@@ -140,7 +140,7 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
 
   r = io_req_run (&req);
   if (r == 0 && (flags & MAPPER_FUA))
-    r = io_emulate_fua (t, &req);
+    r = emulate_fua (t, &req);
  out:
   io_req_release (&req);
   device_exit (dev);
@@ -198,7 +198,7 @@ int
 device_flush_backends (struct table *t, uint64_t seen)
 {
   /* Once per distinct backend, never once per target. */
-  return io_flush_table (t, t->backends.ptr, t->backends.len, seen);
+  return flush_table (t, t->backends.ptr, t->backends.len, seen);
 }
 
 int

@@ -352,7 +352,9 @@ int device_refuse_if_held (struct device *dev, const char *what,
 void device_event (struct device *dev);
 /* device-io.c: flush the backends of t, a live table, for an observer
  * that last sampled the error clock at seen (UINT64_MAX: none, only the
- * flushes' own results): once per distinct backend, as io_flush_table.
+ * flushes' own results): once per distinct backend, where a target that
+ * can do without a backend whose flush failed (flush_failed) absorbs the
+ * failure.
  */
 int device_flush_backends (struct table *t, uint64_t seen);
 /* flush-per-target.c: the same once per target, like dm before it
