@@ -208,7 +208,8 @@ device_wait_event (struct device *dev, uint64_t event_nr,
       (__builtin_mul_overflow ((uint64_t) timeout_ms, 1000000, &deadline) ||
        __builtin_add_overflow (deadline, monotonic_ns (), &deadline)))
     deadline = 0;
-  while (atomic_load (&dev->event_nr) <= event_nr && !dev->removed &&
+  while (atomic_load (&dev->event_nr) <= event_nr &&
+         !atomic_load (&dev->removed) &&
          !(deadline && monotonic_ns () >= deadline))
     /* Without a timeout too: not past a stop or the client's going. */
     if (request_wait (&dev->event_cond, &dev->event_lock, deadline,
@@ -221,7 +222,7 @@ device_wait_event (struct device *dev, uint64_t event_nr,
   *now = atomic_load (&dev->event_nr);
   if (*now > event_nr)
     return 0;
-  if (dev->removed) {
+  if (atomic_load (&dev->removed)) {
     mapper_err_set (err, "device '%s' was removed", dev->name);
     return -ENOENT;
   }

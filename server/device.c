@@ -309,6 +309,7 @@ device_create (const char *name, struct device **out, struct mapper_err *err)
   atomic_init (&dev->open_count, 0);
   atomic_init (&dev->stack_holders, 0);
   atomic_init (&dev->refs, 1);  /* the registry's */
+  atomic_init (&dev->removed, false);
   atomic_init (&dev->flush_seen, errseq_sample ());
   atomic_init (&dev->dropped_err, 0);
   index_add (&by_name, dev);
@@ -335,7 +336,7 @@ unregister_locked (struct device *dev)
     index_reset (&by_name);
     index_reset (&by_uuid);
   }
-  dev->removed = true;
+  atomic_store (&dev->removed, true);
 }
 
 static void
@@ -375,7 +376,7 @@ device_destroy (struct device *dev)
 
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
-    was_registered = !dev->removed;
+    was_registered = !atomic_load (&dev->removed);
     if (was_registered)
       unregister_locked (dev);
   }
@@ -467,16 +468,17 @@ device_set_uuid (struct device *dev, const char *uuid,
     return -EEXIST;
   }
   copy = strdup (uuid);
-  if (copy == NULL || (!dev->removed && index_reserve (&by_uuid) < 0)) {
+  if (copy == NULL ||
+      (!atomic_load (&dev->removed) && index_reserve (&by_uuid) < 0)) {
     free (copy);
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }
-  if (dev->uuid && !dev->removed)
+  if (dev->uuid && !atomic_load (&dev->removed))
     index_del (&by_uuid, dev);
   free (dev->uuid);
   dev->uuid = copy;
-  if (!dev->removed)
+  if (!atomic_load (&dev->removed))
     index_add (&by_uuid, dev);
   return 0;
 }
@@ -527,7 +529,7 @@ device_remove (struct device *dev, bool force, struct mapper_err *err)
   }
   {
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
-    if (dev->removed) {
+    if (atomic_load (&dev->removed)) {
       mapper_err_set (err, "device '%s' is already removed", dev->name);
       return -ENOENT;
     }
@@ -564,7 +566,7 @@ device_rename (struct device *dev, const char *newname,
 
   if ((r = device_check_name (newname, err)) < 0)
     return r;
-  if (dev->removed) {
+  if (atomic_load (&dev->removed)) {
     mapper_err_set (err, "device '%s' was removed", dev->name);
     return -ENOENT;
   }

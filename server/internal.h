@@ -316,13 +316,18 @@ struct device {
 
   /* Lifetime: the registry holds one reference, each open connection and
    * each control command using the device one more.  Freed at the last
-   * device_put.  uuid and removed are protected by devices_lock; names
-   * replaced by rename stay allocated (old_names) until the device is
-   * freed, so a name read without the lock stays valid.
+   * device_put.  uuid is protected by devices_lock, and so are changes
+   * of removed; names replaced by rename stay allocated (old_names)
+   * until the device is freed, so a name read without the lock stays
+   * valid.
    */
   _Atomic unsigned refs;
   char *uuid;                   /* NULL: none */
-  bool removed;                 /* out of the registry (also under lock) */
+  /* Out of the registry: set under devices_lock, and read without it by
+   * a wait for events (device_wait_event, under event_lock), which a
+   * remove then wakes.
+   */
+  _Atomic bool removed;
   char **old_names;
   size_t nr_old_names;
   /* The registry's hash chains (device.c), under devices_lock. */

@@ -522,8 +522,20 @@ main (void)
   CHECK_EQ (device_wait_event (ref, 100, -1, &now, &err), -ENOENT);
   device_close_conn (ref);            /* frees it (ASan/valgrind would tell) */
 
-  /* remove of an idle device. */
-  CHECK_EQ (device_remove (other, false, &err), 0);
+  /* remove of an idle device wakes a wait for its events (which holds a
+   * reference, as a control command does).
+   */
+  {
+    struct waiter w = { .dev = device_get ("e"), .after = 1000 };
+    pthread_t th;
+    CHECK (w.dev == other);
+    pthread_create (&th, NULL, wait_thread, &w);
+    usleep (10000);             /* most likely waiting by now */
+    CHECK_EQ (device_remove (other, false, &err), 0);
+    pthread_join (th, NULL);
+    CHECK_EQ (w.r, -ENOENT);
+    device_put (w.dev);
+  }
   CHECK (device_get ("e") == NULL);
   CHECK_EQ (device_count (), 0);
 
