@@ -264,7 +264,11 @@ void table_bind (struct table *t, struct device *dev);
  * device-io.c: a device.
  */
 struct device {
-  char *name;                   /* read-only after create */
+  /* Changed only by rename, under devices_lock, and read without it by
+   * every message and log line: atomic, and the names it replaces stay
+   * allocated until the device is freed (old_names).
+   */
+  char *_Atomic name;
   /* How a flush reaches the live table's backends, chosen at create and
    * read-only after: device_flush_backends, or for benchmarks
    * device_flush_per_target (-D mapper.flush_per_target=1).

@@ -44,6 +44,22 @@ wait_thread (void *p)
   return NULL;
 }
 
+/* Reads the device's name without the registry lock, as every message
+ * does: a wait that times out names the device.
+ */
+static void *
+name_reader_thread (void *p)
+{
+  struct waiter *w = p;
+  struct mapper_err err;
+
+  for (int i = 0; i < 20; i++)
+    if (device_wait_event (w->dev, w->after, 1, &w->now, &err) !=
+        -ETIMEDOUT || strstr (err.msg, "timed out") == NULL)
+      w->r = -1;
+  return NULL;
+}
+
 static uint64_t
 event_nr (struct device *dev)
 {
@@ -488,12 +504,22 @@ main (void)
                             &reply, &err), -EINVAL);
   CHECK (strstr (err.msg, "beyond the end"));
 
-  /* rename: the old name pointer stays valid; lookups follow. */
+  /* rename: the old name pointer stays valid; lookups follow; a thread
+   * naming the device meanwhile reads one name or the other.
+   */
   const char *oldname = device_name (dev);
   CHECK_EQ (device_create ("e", &other, &err), 0);
   CHECK_EQ (device_rename (dev, "e", &err), -EEXIST);
   CHECK_EQ (device_rename (dev, "bad/name", &err), -EINVAL);
-  CHECK_EQ (device_rename (dev, "d2", &err), 0);
+  {
+    struct waiter w = { .dev = dev, .after = 1000 };
+    pthread_t th;
+    pthread_create (&th, NULL, name_reader_thread, &w);
+    usleep (5000);
+    CHECK_EQ (device_rename (dev, "d2", &err), 0);
+    pthread_join (th, NULL);
+    CHECK_EQ (w.r, 0);
+  }
   CHECK (strcmp (oldname, "d") == 0);
   CHECK (strcmp (device_name (dev), "d2") == 0);
   CHECK (device_get ("d") == NULL);
