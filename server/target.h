@@ -53,8 +53,10 @@ struct target_type {
   /* Extents of [off, off+len) (target-relative), via extent_walk_*. */
   int (*extents) (struct target *ti, struct extent_walk *w, uint64_t off,
                   uint64_t len);
-  /* Print status (INFO) or the constructor arguments (TABLE) into buf;
-   * return bytes needed (snprintf style).
+  /* Print status (INFO) or the constructor arguments (TABLE) into buf
+   * with EMIT; return bytes needed (snprintf style).  buf holds an empty
+   * string on entry (when len > 0), so a status with nothing to say
+   * returns 0.  NULL: never anything to say.
    */
   size_t (*status) (struct target *ti, enum status_type type,
                     char *buf, size_t len);
@@ -154,6 +156,53 @@ int target_parse_offset (const char *s, uint64_t *bytes,
 int target_count_args (unsigned argc, char **argv, unsigned max,
                        const char *what, struct mapper_err *err);
 
+/* target.c: the argument reader (dm's dm_arg_set, dm_shift_arg,
+ * dm_read_arg, dm_read_arg_group).  A constructor reads its arguments
+ * in order from a target_args set over its argv; the readers fail with
+ * -EINVAL and one message shape for every target.
+ */
+struct target_args {
+  unsigned argc;                /* arguments not read yet */
+  char **argv;
+};
+/* A number argument and its range, for target_read_arg: "invalid NAME
+ * 'TEXT' (UNIT, MIN to MAX)" when it is not a number in the range.
+ */
+struct target_arg {
+  const char *name;             /* "number of stripes", "up interval" */
+  const char *unit;             /* "sectors", "seconds"; NULL: none */
+  uint64_t min, max;
+};
+/* The next argument (consumed), or NULL if none is left. */
+char *target_shift_arg (struct target_args *as);
+/* The next argument as a number in arg's range.  0, or -EINVAL with err
+ * filled; "missing NAME" when none is left.
+ */
+int target_read_arg (const struct target_arg *arg, struct target_args *as,
+                     uint64_t *value, struct mapper_err *err);
+/* The next argument as a sector count (an offset), in bytes.  0, or
+ * -EINVAL with err filled: "NAME 'TEXT' is not a non-negative integer"
+ * (or "overflows ...", parse_error_text).
+ */
+int target_read_sectors (const char *name, struct target_args *as,
+                         uint64_t *bytes, struct mapper_err *err);
+/* A counted group "<#args> <arg>...": the count (min to max) and then
+ * that many arguments, moved from as into group.  what names the
+ * arguments ("feature argument"): "invalid number of feature arguments
+ * 'x' (0 to 11)", "2 feature arguments declared but 1 given".  last: the
+ * group ends the line, so arguments left after it are counted against
+ * the declared number too.  0 or -EINVAL with err filled.
+ */
+int target_read_group (const char *what, unsigned min, unsigned max,
+                       bool last, struct target_args *as,
+                       struct target_args *group, struct mapper_err *err);
+
+/* target.c: put "PREFIX: " (printf style) before err's message (dm's
+ * DM_MSG_PREFIX, for one level of a message: "leg 1", "table:3").
+ */
+void mapper_err_prefix (struct mapper_err *err, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+
 /* The largest sector count (start, length, offset): its bytes must fit
  * in an NBD size, which nbdkit and libnbd hold in an int64_t.
  */
@@ -173,6 +222,18 @@ int parse_sectors (const char *s, uint64_t *bytes);  /* sectors -> bytes */
  * follow the argument in a message.
  */
 const char *parse_error_text (int r);
+
+/* target.c: dm's DMEMIT.  Append printf-style output at buf + used,
+ * never past len, and return the new used, counting what did not fit
+ * (snprintf style).  The text so far stays a string.
+ */
+size_t target_emit (char *buf, size_t len, size_t used, const char *fmt,
+                    ...)
+  __attribute__ ((format (printf, 4, 5)));
+/* In a status() whose parameters are buf and len, with a local
+ * size_t used = 0:  EMIT ("%u", n); ...; return used;
+ */
+#define EMIT(...) (used = target_emit (buf, len, used, __VA_ARGS__))
 
 /* The client buffer at delta, or NULL for requests that carry none. */
 static inline char *
