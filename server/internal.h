@@ -13,7 +13,6 @@
 #include "backend.h"
 #include "target.h"
 
-enum io_op { IO_READ, IO_WRITE, IO_ZERO, IO_TRIM, IO_FLUSH };
 extern const char *const io_op_name[];
 
 /* One piece of a request, addressed to one backend.  buf points into the
@@ -29,7 +28,7 @@ struct clone {
   enum io_op op;
   uint64_t seq;                 /* IO_FLUSH: the backend flush's number */
   /* Optional per-target completion hook (io_emit_end_io): see target.h. */
-  int (*end_io) (struct clone *c, int error);
+  clone_end_io_fn end_io;
   void *end_io_ctx;
   uint64_t end_io_arg;
   struct clone *retry_next;     /* io_req.retry list */
@@ -67,21 +66,6 @@ int mirror_resync_start (struct mapper_err *err);
 void mirror_resync_stop (void);
 
 /* engine.c */
-/* One turn of a wait that holds a client request: wait on cond (lock
- * held, as for pthread_cond_wait) until woken or until deadline
- * (monotonic_ns, 0: none), at most one slice.  Once a slice has passed
- * since *asked (0 at the start of the wait), asks
- * mapper_request_abandoned first.  0: look at the condition again;
- * -ESHUTDOWN: give the request up.  The fast path never comes here.
- */
-#define REQUEST_WAIT_SLICE_NS (100 * 1000000ULL)
-int request_wait (pthread_cond_t *cond, pthread_mutex_t *lock,
-                  uint64_t deadline, uint64_t *asked);
-/* Set by an engine thread around work that may be held the same way
- * (a mirror's resync through a suspended mapper:NAME leg): once *flag is
- * true, request_wait gives that work up as well.
- */
-extern __thread _Atomic bool *request_wait_cancel;
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
 
@@ -119,27 +103,6 @@ void io_req_init (struct io_req *req, enum io_op op, uint32_t flags);
 struct clone *io_req_new_clone (struct io_req *req);
 int io_req_run (struct io_req *req);
 void io_req_release (struct io_req *req);
-/* For targets that must see or change data on its way (crypt, flakey's
- * corruption): one synchronous sub-request to be, issued and waited for
- * inside map(), so buf may be a bounce buffer reused as soon as this
- * returns.  flags: MAPPER_FUA (emulated where not native).  0 or -errno.
- */
-int io_sync (enum io_op op, struct backend *be, uint64_t offset,
-             uint64_t len, char *buf, uint32_t flags);
-/* CLOCK_MONOTONIC nanoseconds when the request first asked: delay
- * targets measure from it, so the pieces of one request delayed by
- * several targets wait for the longest delay, not the sum.
- */
-uint64_t io_req_start_ns (struct io_req *req);
-
-/* bounce.c: per-thread scratch buffers for transformed data (the
- * client's write buffer is const).  bounce_get returns at least len
- * bytes (4096-aligned), valid until the matching bounce_put; calls nest
- * (a stacked device may transform inside a transform).  NULL if out of
- * memory.
- */
-char *bounce_get (size_t len);
-void bounce_put (char *buf);
 
 /* flush.c */
 /* Make every write completed on bes[0..n) so far durable: at most one

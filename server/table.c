@@ -15,6 +15,10 @@
 
 #include "internal.h"
 
+/* targets/ */
+extern const struct target_type linear_target, striped_target, zero_target,
+  error_target, mirror_target, delay_target, flakey_target, crypt_target;
+
 static const struct target_type *const target_types[] = {
   &linear_target, &striped_target, &zero_target, &error_target,
   &mirror_target, &delay_target, &flakey_target, &crypt_target,
@@ -103,37 +107,6 @@ target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
 {
   if (argc != 0) {
     mapper_err_set (err, "takes no arguments, got %u", argc);
-    return -EINVAL;
-  }
-  return 0;
-}
-
-int
-target_parse_offset (const char *s, uint64_t *bytes, struct mapper_err *err)
-{
-  int r = parse_sectors (s, bytes);
-
-  if (r < 0) {
-    mapper_err_set (err, "offset '%s' %s", s, parse_error_text (r));
-    return -EINVAL;
-  }
-  return 0;
-}
-
-int
-target_count_args (unsigned argc, char **argv, unsigned max,
-                   const char *what, struct mapper_err *err)
-{
-  uint64_t n;
-
-  if (parse_u64 (argv[0], &n) < 0 || n > max) {
-    mapper_err_set (err, "invalid number of %ss '%s' (0 to %u)", what,
-                    argv[0], max);
-    return -EINVAL;
-  }
-  if (n != argc - 1) {
-    mapper_err_set (err, "%" PRIu64 " %s%s declared but %u given", n, what,
-                    n == 1 ? "" : "s", argc - 1);
     return -EINVAL;
   }
   return 0;

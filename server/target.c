@@ -1,5 +1,7 @@
 /* The target API's toolkit (target.h): the status emitter, the argument
- * reader and the error prefix (dm's DMEMIT, dm_arg, DM_MSG_PREFIX).
+ * reader, the error prefix, and the accessors through which targets see
+ * the engine's private structs without their layout.  None of these is
+ * on the read/write path: that stays in io.c.
  */
 #include <config.h>
 
@@ -122,4 +124,53 @@ target_read_group (const char *what, unsigned min, unsigned max, bool last,
   as->argc -= n;
   as->argv += n;
   return 0;
+}
+
+/* --- what targets see of the engine's structs -------------------------- */
+
+const char *
+backend_name (const struct backend *be)
+{
+  return be->name;
+}
+
+int
+backend_extents (struct backend *be, uint64_t offset, uint64_t len,
+                 bool req_one, mapper_extent_fn fn, void *opaque)
+{
+  return be->ops->extents (be, offset, len, req_one, fn, opaque);
+}
+
+const char *
+target_origin (const struct target *ti)
+{
+  return ti->table->origin;
+}
+
+uint32_t
+io_req_flags (const struct io_req *req)
+{
+  return req->flags;
+}
+
+void
+clone_range (const struct clone *c, uint64_t *offset, uint64_t *len)
+{
+  *offset = c->offset;
+  *len = c->len;
+}
+
+void
+clone_retry (struct clone *c, struct backend *be, uint64_t offset,
+             uint64_t arg)
+{
+  c->be = be;
+  c->offset = offset;
+  c->end_io_arg = arg;
+}
+
+bool
+extent_walk_req_one (const struct extent_walk *w)
+{
+  return w->req_one;
 }

@@ -22,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "target.h"
+#include "util.h"
 #include "unit.h"
 
 #define CHECK_STR(got, want) \

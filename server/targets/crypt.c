@@ -49,7 +49,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -57,7 +56,8 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#include "internal.h"
+#include "target.h"
+#include "util.h"
 
 #define CRYPT_CHUNK (1024 * 1024)   /* bytes encrypted per bounce write */
 #define CRYPT_BATCH (16 * 1024)      /* bytes per XTS batch (xts_batched) */
@@ -245,20 +245,22 @@ crypt_parse_cipher (struct crypt *cc, const char *spec,
   return -EINVAL;
 }
 
+/* [<#opt_params> <opt_params>...], the rest of as. */
 static int
-crypt_parse_opts (struct target *ti, struct crypt *cc, unsigned argc,
-                  char **argv, struct mapper_err *err)
+crypt_parse_opts (struct target *ti, struct crypt *cc, struct target_args *as,
+                  struct mapper_err *err)
 {
+  struct target_args opts;
+  const char *o;
   int r;
 
-  if (argc == 0)
+  if (as->argc == 0)
     return 0;
-  r = target_count_args (argc, argv, CRYPT_MAX_OPTS, "optional parameter",
-                         err);
+  r = target_read_group ("optional parameter", 0, CRYPT_MAX_OPTS, true, as,
+                         &opts, err);
   if (r < 0)
     return r;
-  for (unsigned i = 1; i < argc; i++) {
-    const char *o = argv[i];
+  while ((o = target_shift_arg (&opts)) != NULL) {
     uint64_t ss;
 
     if (strcasecmp (o, "allow_discards") == 0)
@@ -366,13 +368,18 @@ crypt_free (struct crypt *cc)
   free (cc);
 }
 
+static const struct target_arg iv_offset_arg = {
+  "iv_offset", "sectors", 0, UINT64_MAX,
+};
+
 static int
 crypt_ctr (struct target *ti, unsigned argc, char **argv,
            struct mapper_err *err)
 {
+  struct target_args as = { argc, argv }, opts;
   struct mapper_err key_err;
   struct crypt *cc;
-  const char *cipher_name;
+  const char *cipher, *dev, *cipher_name;
   int key_r = 0, r;
 
   cc = calloc (1, sizeof *cc);
@@ -392,11 +399,16 @@ crypt_ctr (struct target *ti, unsigned argc, char **argv,
     r = -EINVAL;
     goto err;
   }
+  cipher = target_shift_arg (&as);
+  target_shift_arg (&as);       /* the key, taken above */
+  /* dm reads the optional parameters first (sector_size matters below):
+   * they follow <iv_offset> <dev> <offset>.
+   */
+  opts = (struct target_args) { as.argc - 3, as.argv + 3 };
   cc->sector_size = MAPPER_SECTOR_SIZE;
-  /* dm reads the optional parameters first (sector_size matters below). */
-  if ((r = crypt_parse_opts (ti, cc, argc - 5, &argv[5], err)) < 0)
+  if ((r = crypt_parse_opts (ti, cc, &opts, err)) < 0)
     goto err;
-  if ((r = crypt_parse_cipher (cc, argv[0], err)) < 0)
+  if ((r = crypt_parse_cipher (cc, cipher, err)) < 0)
     goto err;
   if (key_r < 0) {
     *err = key_err;
@@ -430,12 +442,8 @@ crypt_ctr (struct target *ti, unsigned argc, char **argv,
       r = -ENOMEM;
       goto err;
     }
-  if (parse_u64 (argv[2], &cc->iv_offset) < 0) {
-    mapper_err_set (err, "iv_offset '%s' is not a non-negative integer",
-                    argv[2]);
-    r = -EINVAL;
+  if ((r = target_read_arg (&iv_offset_arg, &as, &cc->iv_offset, err)) < 0)
     goto err;
-  }
   if (cc->iv_offset & ((cc->sector_size >> MAPPER_SECTOR_SHIFT) - 1)) {
     mapper_err_set (err, "iv_offset %" PRIu64 " is not a multiple of "
                     "sector_size %" PRIu32 " (%" PRIu32 " sectors)",
@@ -444,7 +452,8 @@ crypt_ctr (struct target *ti, unsigned argc, char **argv,
     r = -EINVAL;
     goto err;
   }
-  if ((r = target_parse_offset (argv[4], &cc->start, err)) < 0)
+  dev = target_shift_arg (&as);
+  if ((r = target_read_sectors ("offset", &as, &cc->start, err)) < 0)
     goto err;
   if (cc->start & (cc->sector_size - 1)) {
     mapper_err_set (err, "offset %" PRIu64 " is not a multiple of "
@@ -454,7 +463,7 @@ crypt_ctr (struct target *ti, unsigned argc, char **argv,
     r = -EINVAL;
     goto err;
   }
-  r = target_get_backend (ti, argv[3], cc->start, ti->len, &cc->be, err);
+  r = target_get_backend (ti, dev, cc->start, ti->len, &cc->be, err);
   if (r < 0)
     goto err;
   ti->private = cc;
@@ -890,16 +899,16 @@ crypt_map (struct target *ti, struct io_req *req, uint64_t off,
   struct crypt *cc = ti->private;
   uint64_t ss = cc->sector_size, first, last;
 
-  switch (req->op) {
+  switch (io_req_op (req)) {
   case IO_READ:
     return crypt_read (cc, off, len, buf);
   case IO_WRITE:
-    return crypt_write (cc, req->flags, off, len, buf);
+    return crypt_write (cc, io_req_flags (req), off, len, buf);
   case IO_ZERO:
     /* Encrypted zeros must be written: never fast. */
-    if (req->flags & MAPPER_FAST_ZERO)
+    if (io_req_flags (req) & MAPPER_FAST_ZERO)
       return -ENOTSUP;
-    return crypt_write (cc, req->flags, off, len, NULL);
+    return crypt_write (cc, io_req_flags (req), off, len, NULL);
   case IO_TRIM:
     if (!cc->allow_discards)
       return 0;                 /* trim is advisory: dm ignores it */
@@ -930,38 +939,34 @@ crypt_status (struct target *ti, enum status_type type, char *buf,
   unsigned nr;
   size_t used = 0;
 
-#define APPEND(...) \
-  used += snprintf (used < len ? buf + used : NULL, \
-                    used < len ? len - used : 0, __VA_ARGS__)
   if (type == STATUSTYPE_INFO)
-    return snprintf (buf, len, "%s", "");
-  APPEND ("%s ", cc->cipher_string);
+    return 0;
+  EMIT ("%s ", cc->cipher_string);
   for (size_t i = 0; i < cc->key_size; i++)
-    APPEND ("%02x", cc->key[i]);
-  APPEND (" %" PRIu64 " %s %" PRIu64, cc->iv_offset, cc->be->name,
-          cc->start >> MAPPER_SECTOR_SHIFT);
+    EMIT ("%02x", cc->key[i]);
+  EMIT (" %" PRIu64 " %s %" PRIu64, cc->iv_offset, backend_name (cc->be),
+        cc->start >> MAPPER_SECTOR_SHIFT);
   /* dm's order. */
   nr = cc->allow_discards + cc->same_cpu_crypt + cc->submit_from_crypt_cpus +
     cc->no_read_workqueue + cc->no_write_workqueue +
     (cc->sector_size != MAPPER_SECTOR_SIZE) + cc->iv_large_sectors;
   if (nr) {
-    APPEND (" %u", nr);
+    EMIT (" %u", nr);
     if (cc->allow_discards)
-      APPEND (" allow_discards");
+      EMIT (" allow_discards");
     if (cc->same_cpu_crypt)
-      APPEND (" same_cpu_crypt");
+      EMIT (" same_cpu_crypt");
     if (cc->submit_from_crypt_cpus)
-      APPEND (" submit_from_crypt_cpus");
+      EMIT (" submit_from_crypt_cpus");
     if (cc->no_read_workqueue)
-      APPEND (" no_read_workqueue");
+      EMIT (" no_read_workqueue");
     if (cc->no_write_workqueue)
-      APPEND (" no_write_workqueue");
+      EMIT (" no_write_workqueue");
     if (cc->sector_size != MAPPER_SECTOR_SIZE)
-      APPEND (" sector_size:%" PRIu32, cc->sector_size);
+      EMIT (" sector_size:%" PRIu32, cc->sector_size);
     if (cc->iv_large_sectors)
-      APPEND (" iv_large_sectors");
+      EMIT (" iv_large_sectors");
   }
-#undef APPEND
   return used;
 }
 

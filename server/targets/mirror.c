@@ -28,13 +28,15 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "target.h"
+#include "util.h"
 
 #define MIRROR_MAX_LEGS 9          /* dm's MAX_NR_MIRRORS */
 #define NO_REGION UINT64_MAX
@@ -226,7 +228,7 @@ log_state (struct mirror *m, const char *what)
   if (mapper_debug == NULL)
     return;
   mirror_info (m, status, sizeof status);
-  mapper_debug ("mirror %s (%s): %s", m->ti->table->origin, what, status);
+  mapper_debug ("mirror %s (%s): %s", target_origin (m->ti), what, status);
 }
 
 /* A leg's first error of a kind changes its status letter: an event, as
@@ -239,7 +241,7 @@ mark_leg (struct mirror *m, unsigned leg, unsigned bit, const char *what)
   if (!(atomic_fetch_or (&m->legs[leg].errors, bit) & bit)) {
     char msg[256];
     snprintf (msg, sizeof msg, "leg %u %s %s", leg,
-              m->legs[leg].be->name, what);
+              backend_name (m->legs[leg].be), what);
     log_state (m, msg);
     target_event (m->ti, "%s", msg);
   }
@@ -276,17 +278,12 @@ copy_region (struct mirror *m, char *buf, uint64_t region)
 
   for (uint64_t off = start; off < end && r == 0; off += COPY_CHUNK) {
     uint64_t n = MIN (COPY_CHUNK, end - off);
-    struct io_req req;
 
     if (atomic_load (&m->legs[0].errors)) {
       r = -EIO;
       break;
     }
-    io_req_init (&req, IO_READ, 0);
-    r = io_emit (&req, m->legs[0].be, m->legs[0].start + off, n, buf);
-    if (r == 0)
-      r = io_req_run (&req);
-    io_req_release (&req);
+    r = io_sync (IO_READ, m->legs[0].be, m->legs[0].start + off, n, buf, 0);
     if (r < 0) {
       if (r != -ESHUTDOWN)
         mark_leg (m, 0, LEG_READ_ERR, "failed a resync read");
@@ -298,11 +295,8 @@ copy_region (struct mirror *m, char *buf, uint64_t region)
       if (atomic_load (&m->legs[i].errors) &
           (LEG_WRITE_ERR | LEG_SYNC_ERR | LEG_FLUSH_ERR))
         continue;
-      io_req_init (&req, IO_WRITE, 0);
-      e = io_emit (&req, m->legs[i].be, m->legs[i].start + off, n, buf);
-      if (e == 0)
-        e = io_req_run (&req);
-      io_req_release (&req);
+      e = io_sync (IO_WRITE, m->legs[i].be, m->legs[i].start + off, n, buf,
+                   0);
       if (e == -ESHUTDOWN)
         r = e;                  /* not copied: not in sync */
       else if (e < 0)
@@ -362,7 +356,7 @@ resync_worker (void *arg)
       log_state (m, "resync stopped: the source leg failed");
       target_event (m->ti, "resync stopped: leg 0 %s (the source) failed, "
                     "%" PRIu64 "/%" PRIu64 " regions in sync",
-                    m->legs[0].be->name,
+                    backend_name (m->legs[0].be),
                     (uint64_t) atomic_load (&m->nr_in_sync), m->nr_regions);
     }
     else if (atomic_load (&m->all_in_sync)) {
@@ -455,13 +449,13 @@ drop_leg (struct mirror *m, unsigned leg)
 }
 
 static int
-mirror_write_end_io (struct clone *c, int error)
+mirror_write_end_io (struct clone *c, void *ctx, uint64_t arg, int error)
 {
-  struct mirror *m = c->end_io_ctx;
-  unsigned leg = ARG_LEG (c->end_io_arg);
+  struct mirror *m = ctx;
+  unsigned leg = ARG_LEG (arg);
 
-  if (c->end_io_arg & ARG_COUNTED)
-    atomic_fetch_sub (&m->writers[!!(c->end_io_arg & ARG_PARITY)], 1);
+  if (arg & ARG_COUNTED)
+    atomic_fetch_sub (&m->writers[!!(arg & ARG_PARITY)], 1);
   if (error == 0 || error == -ECANCELED)
     return error;
 
@@ -475,12 +469,12 @@ mirror_write_end_io (struct clone *c, int error)
 }
 
 static int
-mirror_read_end_io (struct clone *c, int error)
+mirror_read_end_io (struct clone *c, void *ctx, uint64_t arg, int error)
 {
-  struct mirror *m = c->end_io_ctx;
-  unsigned leg = ARG_LEG (c->end_io_arg);
-  unsigned tried = ARG_TRIED (c->end_io_arg);
-  uint64_t toff = c->offset - m->legs[leg].start;
+  struct mirror *m = ctx;
+  unsigned leg = ARG_LEG (arg);
+  unsigned tried = ARG_TRIED (arg);
+  uint64_t offset, len, toff;
 
   /* Given up (a leg on a suspended device, and the client gone or the
    * server stopping): no fault of the leg's, and nobody to retry for.
@@ -490,14 +484,15 @@ mirror_read_end_io (struct clone *c, int error)
     return error;
   mark_leg (m, leg, LEG_READ_ERR, "failed a read");
   /* Another leg can only serve it where it is in sync. */
-  if (!range_in_sync (m, toff, c->len))
+  clone_range (c, &offset, &len);
+  toff = offset - m->legs[leg].start;
+  if (!range_in_sync (m, toff, len))
     return error;
   for (unsigned i = 0; i < m->nr_legs; i++) {
     if ((tried & (1u << i)) || !leg_readable (m, i))
       continue;
-    c->be = m->legs[i].be;
-    c->offset = m->legs[i].start + toff;
-    c->end_io_arg = MAKE_ARG (i, tried | (1u << i));
+    clone_retry (c, m->legs[i].be, m->legs[i].start + toff,
+                 MAKE_ARG (i, tried | (1u << i)));
     return CLONE_RETRY;         /* io.c submits it again */
   }
   return error;
@@ -637,22 +632,17 @@ static size_t
 mirror_info (struct mirror *m, char *buf, size_t len)
 {
   char chars[MIRROR_MAX_LEGS + 1];
-  size_t used;
-  int n;
+  size_t used = 0;
 
-  n = snprintf (buf, len, "%u", m->nr_legs);
-  used = n > 0 ? n : 0;
+  EMIT ("%u", m->nr_legs);
   for (unsigned i = 0; i < m->nr_legs; i++) {
-    n = snprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
-                  " %s", m->legs[i].be->name);
-    used += n > 0 ? n : 0;
+    EMIT (" %s", backend_name (m->legs[i].be));
     chars[i] = leg_status_char (m, i);
   }
   chars[m->nr_legs] = '\0';
-  n = snprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
-                " %" PRIu64 "/%" PRIu64 " 1 %s 1 core",
-                (uint64_t) atomic_load (&m->nr_in_sync), m->nr_regions, chars);
-  return used + (n > 0 ? n : 0);
+  EMIT (" %" PRIu64 "/%" PRIu64 " 1 %s 1 core",
+        (uint64_t) atomic_load (&m->nr_in_sync), m->nr_regions, chars);
+  return used;
 }
 
 static size_t
@@ -660,29 +650,20 @@ mirror_status (struct target *ti, enum status_type type, char *buf,
                size_t len)
 {
   struct mirror *m = ti->private;
-  size_t used;
-  int n;
+  size_t used = 0;
 
   if (type == STATUSTYPE_INFO)
     return mirror_info (m, buf, len);
 
-  n = snprintf (buf, len, "core %d %" PRIu64 "%s %u",
-                m->sync == SYNC_DEFAULT ? 1 : 2,
-                m->region_size >> MAPPER_SECTOR_SHIFT,
-                m->sync == SYNC_SYNC ? " sync"
-                : m->sync == SYNC_NOSYNC ? " nosync" : "", m->nr_legs);
-  used = n > 0 ? n : 0;
-  for (unsigned i = 0; i < m->nr_legs; i++) {
-    n = snprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
-                  " %s %" PRIu64, m->legs[i].be->name,
-                  m->legs[i].start >> MAPPER_SECTOR_SHIFT);
-    used += n > 0 ? n : 0;
-  }
-  if (m->handle_errors) {
-    n = snprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
-                  " 1 handle_errors");
-    used += n > 0 ? n : 0;
-  }
+  EMIT ("core %d %" PRIu64 "%s %u", m->sync == SYNC_DEFAULT ? 1 : 2,
+        m->region_size >> MAPPER_SECTOR_SHIFT,
+        m->sync == SYNC_SYNC ? " sync"
+        : m->sync == SYNC_NOSYNC ? " nosync" : "", m->nr_legs);
+  for (unsigned i = 0; i < m->nr_legs; i++)
+    EMIT (" %s %" PRIu64, backend_name (m->legs[i].be),
+          m->legs[i].start >> MAPPER_SECTOR_SHIFT);
+  if (m->handle_errors)
+    EMIT (" 1 handle_errors");
   return used;
 }
 
@@ -690,13 +671,17 @@ mirror_status (struct target *ti, enum status_type type, char *buf,
 
 static void mirror_dtr (struct target *ti);
 
+static const struct target_arg legs_arg = { "number of legs", NULL, 2,
+                                            MIRROR_MAX_LEGS };
+
 static int
 mirror_ctr (struct target *ti, unsigned argc, char **argv,
             struct mapper_err *err)
 {
+  struct target_args as = { argc, argv }, log, features;
   struct mirror *m;
-  uint64_t nlog, region, nlegs, nfeat, words;
-  unsigned a = 0;
+  uint64_t region, nlegs, words;
+  const char *arg;
   int r;
 
   /* The log: core <#log_args> <region_size> [sync|nosync]. */
@@ -706,43 +691,27 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
                     argc, argc == 1 ? "" : "s");
     return -EINVAL;
   }
-  if (strcmp (argv[0], "core") != 0) {
-    mapper_err_set (err, "log type '%s' is not supported (only 'core')",
-                    argv[0]);
+  arg = target_shift_arg (&as);
+  if (strcmp (arg, "core") != 0) {
+    mapper_err_set (err, "log type '%s' is not supported (only 'core')", arg);
     return -EINVAL;
   }
-  if ((r = parse_u64 (argv[1], &nlog)) < 0) {
-    mapper_err_set (err, "#log_args '%s' %s", argv[1], parse_error_text (r));
-    return -EINVAL;
-  }
-  if (nlog < 1 || nlog > 2) {
-    mapper_err_set (err, "core log takes 1 or 2 arguments (<region_size> "
-                    "[sync|nosync]), not %s", argv[1]);
-    return -EINVAL;
-  }
-  if (argc < 2 + nlog) {
-    mapper_err_set (err, "#log_args is %s but only %u argument%s follow%s",
-                    argv[1], argc - 2, argc - 2 == 1 ? "" : "s",
-                    argc - 2 == 1 ? "s" : "");
-    return -EINVAL;
-  }
-  a = 2;
-  if ((r = parse_u64 (argv[a], &region)) < 0) {
-    mapper_err_set (err, "region size '%s' %s", argv[a], parse_error_text (r));
-    return -EINVAL;
-  }
+  if ((r = target_read_group ("log argument", 1, 2, false, &as, &log,
+                              err)) < 0 ||
+      (r = target_read_sectors ("region size", &log, &region, err)) < 0)
+    return r;
+  region >>= MAPPER_SECTOR_SHIFT;
   if (region < 2 || !IS_POWER_OF_2 (region)) {
-    mapper_err_set (err, "region size %s sectors must be a power of two, "
-                    "at least 2", argv[a]);
+    mapper_err_set (err, "region size %" PRIu64 " sectors must be a power of "
+                    "two, at least 2", region);
     return -EINVAL;
   }
   if (region > ti->len >> MAPPER_SECTOR_SHIFT) {
-    mapper_err_set (err, "region size %s sectors is larger than the target "
-                    "(%" PRIu64 " sectors)", argv[a],
+    mapper_err_set (err, "region size %" PRIu64 " sectors is larger than the "
+                    "target (%" PRIu64 " sectors)", region,
                     ti->len >> MAPPER_SECTOR_SHIFT);
     return -EINVAL;
   }
-  a++;
 
   m = calloc (1, sizeof *m);
   if (m == NULL) {
@@ -759,53 +728,42 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
   pthread_cond_init (&m->fence_cond, NULL);
   ti->private = m;
 
-  if (nlog == 2) {
-    if (strcmp (argv[a], "sync") == 0)
+  if ((arg = target_shift_arg (&log)) != NULL) {
+    if (strcmp (arg, "sync") == 0)
       m->sync = SYNC_SYNC;
-    else if (strcmp (argv[a], "nosync") == 0)
+    else if (strcmp (arg, "nosync") == 0)
       m->sync = SYNC_NOSYNC;
     else {
       mapper_err_set (err, "unrecognised log argument '%s' (expected sync "
-                      "or nosync)", argv[a]);
+                      "or nosync)", arg);
       goto einval;
     }
-    a++;
   }
 
   /* The legs: <#legs> (<dev> <offset>){#legs}. */
-  if (a == argc) {
+  if (as.argc == 0) {
     mapper_err_set (err, "missing <#legs>");
     goto einval;
   }
-  if ((r = parse_u64 (argv[a], &nlegs)) < 0) {
-    mapper_err_set (err, "#legs '%s' %s", argv[a], parse_error_text (r));
+  if (target_read_arg (&legs_arg, &as, &nlegs, err) < 0)
     goto einval;
-  }
-  if (nlegs < 2 || nlegs > MIRROR_MAX_LEGS) {
-    mapper_err_set (err, "a mirror needs 2 to %d legs, not %s",
-                    MIRROR_MAX_LEGS, argv[a]);
-    goto einval;
-  }
-  a++;
-  if (argc - a < 2 * nlegs) {
+  if (as.argc < 2 * nlegs) {
     mapper_err_set (err, "%" PRIu64 " legs need %" PRIu64 " <dev> <offset> "
-                    "arguments, got %u", nlegs, 2 * nlegs, argc - a);
+                    "arguments, got %u", nlegs, 2 * nlegs, as.argc);
     goto einval;
   }
-  for (unsigned i = 0; i < nlegs; i++, a += 2) {
+  for (unsigned i = 0; i < nlegs; i++) {
+    const char *dev = target_shift_arg (&as);
     uint64_t start;
-    if ((r = parse_sectors (argv[a + 1], &start)) < 0) {
-      mapper_err_set (err, "leg %u: offset '%s' %s", i, argv[a + 1],
-                      parse_error_text (r));
+
+    if (target_read_sectors ("offset", &as, &start, err) < 0) {
+      mapper_err_prefix (err, "leg %u", i);
       goto einval;
     }
     m->legs[i].start = start;
-    r = target_get_backend (ti, argv[a], start, ti->len, &m->legs[i].be,
-                            err);
+    r = target_get_backend (ti, dev, start, ti->len, &m->legs[i].be, err);
     if (r < 0) {
-      struct mapper_err e2;
-      mapper_err_set (&e2, "leg %u: %s", i, err->msg);
-      *err = e2;
+      mapper_err_prefix (err, "leg %u", i);
       goto fail;
     }
     m->nr_legs = i + 1;
@@ -814,39 +772,31 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
         uint64_t s1 = m->legs[j].start, s2 = start;
         if (s1 < s2 + ti->len && s2 < s1 + ti->len) {
           mapper_err_set (err, "legs %u and %u overlap on %s", j, i,
-                          m->legs[i].be->name);
+                          backend_name (m->legs[i].be));
           goto einval;
         }
       }
   }
 
   /* Features: [<#features> handle_errors]. */
-  if (a < argc) {
-    if ((r = parse_u64 (argv[a], &nfeat)) < 0) {
-      mapper_err_set (err, "#features '%s' %s", argv[a], parse_error_text (r));
+  if (as.argc > 0) {
+    if (target_read_group ("feature argument", 0, UINT_MAX, false, &as,
+                           &features, err) < 0)
       goto einval;
-    }
-    a++;
-    if (nfeat > argc - a) {
-      mapper_err_set (err, "#features is %" PRIu64 " but %u argument%s "
-                      "follow%s", nfeat, argc - a, argc - a == 1 ? "" : "s",
-                      argc - a == 1 ? "s" : "");
-      goto einval;
-    }
-    for (uint64_t i = 0; i < nfeat; i++, a++) {
-      if (strcmp (argv[a], "handle_errors") == 0)
+    while ((arg = target_shift_arg (&features)) != NULL) {
+      if (strcmp (arg, "handle_errors") == 0)
         m->handle_errors = true;
       else {
-        mapper_err_set (err, "unrecognised feature '%s'%s", argv[a],
-                        strcmp (argv[a], "keep_log") == 0
+        mapper_err_set (err, "unrecognised feature '%s'%s", arg,
+                        strcmp (arg, "keep_log") == 0
                         ? " (keep_log needs a disk log; only core is "
                         "supported)" : " (expected handle_errors)");
         goto einval;
       }
     }
-    if (a < argc) {
+    if ((arg = target_shift_arg (&as)) != NULL) {
       mapper_err_set (err, "too many arguments: '%s' after the features",
-                      argv[a]);
+                      arg);
       goto einval;
     }
   }
@@ -887,7 +837,7 @@ mirror_resume (struct target *ti)
   enqueue_locked (m);
   if ((r = kick_worker_locked ()) < 0 && mapper_debug)
     mapper_debug ("mirror %s: cannot start the resync thread: %s",
-                  ti->table->origin, strerror (-r));
+                  target_origin (ti), strerror (-r));
 }
 
 static void
