@@ -61,10 +61,6 @@ struct io_req {
 bool localpool_submit (struct clone *c);
 void localpool_stop (void);
 
-/* targets/mirror.c: the engine-wide resync worker (engine_start/stop). */
-int mirror_resync_start (struct mapper_err *err);
-void mirror_resync_stop (void);
-
 /* engine.c */
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
@@ -180,6 +176,11 @@ int table_flush_hooks (struct table *t, uint32_t flags);
  * dev->lock; device_free before freeing dev.
  */
 void table_bind (struct table *t, struct device *dev);
+/* The target types' start and stop hooks (engine_start/stop): 0 or
+ * -errno with err filled, having stopped those it started.
+ */
+int target_types_start (struct mapper_err *err);
+void target_types_stop (void);
 
 /* device.c */
 struct device {

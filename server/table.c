@@ -15,13 +15,15 @@
 
 #include "internal.h"
 
-/* targets/ */
-extern const struct target_type linear_target, striped_target, zero_target,
-  error_target, mirror_target, delay_target, flakey_target, crypt_target;
+/* The built-in types, from targets.def (the one list of them). */
+#define TARGET(name) extern const struct target_type name##_target;
+#include "targets.def"
+#undef TARGET
 
 static const struct target_type *const target_types[] = {
-  &linear_target, &striped_target, &zero_target, &error_target,
-  &mirror_target, &delay_target, &flakey_target, &crypt_target,
+#define TARGET(name) &name##_target,
+#include "targets.def"
+#undef TARGET
 };
 
 static const struct target_type *
@@ -753,6 +755,32 @@ size_t
 table_status (const struct table *t, char *buf, size_t len)
 {
   return table_print (t, STATUSTYPE_INFO, buf, len);
+}
+
+int
+target_types_start (struct mapper_err *err)
+{
+  size_t i;
+  int r = 0;
+
+  for (i = 0; i < ARRAY_SIZE (target_types) && r == 0; i++)
+    if (target_types[i]->start)
+      r = target_types[i]->start (err);
+  if (r < 0) {
+    /* Type i - 1 failed: stop those before it. */
+    for (i--; i-- > 0; )
+      if (target_types[i]->stop)
+        target_types[i]->stop ();
+  }
+  return r;
+}
+
+void
+target_types_stop (void)
+{
+  for (size_t i = ARRAY_SIZE (target_types); i-- > 0; )
+    if (target_types[i]->stop)
+      target_types[i]->stop ();
 }
 
 size_t

@@ -52,6 +52,9 @@ enum status_type { STATUSTYPE_INFO, STATUSTYPE_TABLE };
 typedef int (*clone_end_io_fn) (struct clone *c, void *ctx, uint64_t arg,
                                 int error);
 
+/* One target type.  Adding one: its file under server/targets/, a line
+ * in server/targets.def and one in server/Makefile.am.
+ */
 struct target_type {
   const char *name;
   unsigned version[3];
@@ -114,6 +117,14 @@ struct target_type {
    */
   int (*message) (struct target *ti, unsigned argc, char **argv,
                   char *reply, size_t len, struct mapper_err *err);
+  /* Optional, for the type rather than a target: the engine's threads
+   * start (engine_start, after any fork) and stop (engine_stop), for a
+   * type's own threads (mirror's resync worker).  start: 0 or -errno
+   * with err filled.  stop must be harmless without a start, or after
+   * one that failed: engine_stop calls it whatever happened.
+   */
+  int (*start) (struct mapper_err *err);
+  void (*stop) (void);
 };
 
 /* --- constructors --------------------------------------------------- */

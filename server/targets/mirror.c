@@ -189,7 +189,7 @@ dequeue_locked (struct mirror *m)
   m->queued = false;
 }
 
-int
+static int
 mirror_resync_start (struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&resync_lock);
@@ -203,7 +203,7 @@ mirror_resync_start (struct mapper_err *err)
   return r;
 }
 
-void
+static void
 mirror_resync_stop (void)
 {
   bool join;
@@ -899,4 +899,6 @@ const struct target_type mirror_target = {
   .resume = mirror_resume,
   .postsuspend = mirror_postsuspend,
   .flush_failed = mirror_flush_failed,
+  .start = mirror_resync_start,
+  .stop = mirror_resync_stop,
 };
