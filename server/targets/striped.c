@@ -108,6 +108,31 @@ striped_dtr (struct target *ti)
   free (ti->private);
 }
 
+/* Stripe, row and offset in the chunk of target offset off. */
+static inline void
+striped_split (const struct striped *sc, uint64_t off, uint32_t *stripe,
+               uint64_t *row, uint64_t *in_chunk)
+{
+  uint64_t chunk_nr;
+
+  if (sc->chunk_shift >= 0) {
+    chunk_nr = off >> sc->chunk_shift;
+    *in_chunk = off & (sc->chunk - 1);
+  }
+  else {
+    chunk_nr = off / sc->chunk;
+    *in_chunk = off % sc->chunk;
+  }
+  if (sc->nr_shift >= 0) {
+    *stripe = chunk_nr & (sc->nr - 1);
+    *row = chunk_nr >> sc->nr_shift;
+  }
+  else {
+    *stripe = chunk_nr % sc->nr;
+    *row = chunk_nr / sc->nr;
+  }
+}
+
 /* Where target-relative byte off lands: stripe index and backend offset;
  * returns the bytes left in that chunk.
  */
@@ -115,24 +140,9 @@ static inline uint64_t
 striped_locate (const struct striped *sc, uint64_t off, uint32_t *stripe,
                 uint64_t *be_off)
 {
-  uint64_t chunk_nr, in_chunk, row;
+  uint64_t row, in_chunk;
 
-  if (sc->chunk_shift >= 0) {
-    chunk_nr = off >> sc->chunk_shift;
-    in_chunk = off & (sc->chunk - 1);
-  }
-  else {
-    chunk_nr = off / sc->chunk;
-    in_chunk = off % sc->chunk;
-  }
-  if (sc->nr_shift >= 0) {
-    *stripe = chunk_nr & (sc->nr - 1);
-    row = chunk_nr >> sc->nr_shift;
-  }
-  else {
-    *stripe = chunk_nr % sc->nr;
-    row = chunk_nr / sc->nr;
-  }
+  striped_split (sc, off, stripe, &row, &in_chunk);
   *be_off = sc->stripes[*stripe].start + row * sc->chunk + in_chunk;
   return sc->chunk - in_chunk;
 }
@@ -206,31 +216,6 @@ struct striped_merge {
   uint32_t end_stripe;          /* where its last byte lies */
   uint64_t end_row, end_in;
 };
-
-/* Stripe, row and offset in the chunk of target offset off. */
-static inline void
-striped_split (const struct striped *sc, uint64_t off, uint32_t *stripe,
-               uint64_t *row, uint64_t *in_chunk)
-{
-  uint64_t chunk_nr;
-
-  if (sc->chunk_shift >= 0) {
-    chunk_nr = off >> sc->chunk_shift;
-    *in_chunk = off & (sc->chunk - 1);
-  }
-  else {
-    chunk_nr = off / sc->chunk;
-    *in_chunk = off % sc->chunk;
-  }
-  if (sc->nr_shift >= 0) {
-    *stripe = chunk_nr & (sc->nr - 1);
-    *row = chunk_nr >> sc->nr_shift;
-  }
-  else {
-    *stripe = chunk_nr % sc->nr;
-    *row = chunk_nr / sc->nr;
-  }
-}
 
 /* The target offset of stripe-relative offset q of stripe j. */
 static inline uint64_t
