@@ -1,7 +1,8 @@
 /* The target API: everything a target (server/targets/) sees of the
  * engine, as dm's targets see <linux/device-mapper.h>.  A target
- * includes this and "util.h", never internal.h; this header compiles
- * alone.
+ * includes this and "util.h" (the utilities below every layer: macros,
+ * number parsing, request_wait), never internal.h; this header
+ * compiles alone.
  *
  * Targets in the device-mapper shape: the constructor parses and
  * validates everything, map() is arithmetic that emits clones pointing
@@ -10,8 +11,6 @@
 #ifndef NBDMAPPER_TARGET_H
 #define NBDMAPPER_TARGET_H
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -196,26 +195,6 @@ int target_read_group (const char *what, unsigned min, unsigned max,
 void mapper_err_prefix (struct mapper_err *err, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 
-/* The largest sector count (start, length, offset): its bytes must fit
- * in an NBD size, which nbdkit and libnbd hold in an int64_t.
- */
-#define MAPPER_MAX_SECTORS 18014398509481983    /* INT64_MAX >> 9 */
-#define MAPPER_STR_(x) #x
-#define MAPPER_STR(x) MAPPER_STR_(x)
-#define MAPPER_MAX_SECTORS_TEXT MAPPER_STR (MAPPER_MAX_SECTORS)
-_Static_assert ((uint64_t) MAPPER_MAX_SECTORS ==
-                (uint64_t) INT64_MAX >> MAPPER_SECTOR_SHIFT,
-                "MAPPER_MAX_SECTORS is the largest int64 size in sectors");
-
-/* engine.c: strict number parsing ("%llu%c" style). */
-int parse_u64 (const char *s, uint64_t *out);
-int parse_sectors (const char *s, uint64_t *bytes);  /* sectors -> bytes */
-/* Why they failed with r: "overflows 64 bits", "overflows the largest
- * NBD size..." (parse_sectors) or "is not a non-negative integer", to
- * follow the argument in a message.
- */
-const char *parse_error_text (int r);
-
 /* --- status --------------------------------------------------------- */
 
 /* target.c: dm's DMEMIT.  Append printf-style output at buf + used,
@@ -305,22 +284,6 @@ uint64_t io_req_start_ns (struct io_req *req);
  */
 char *bounce_get (size_t len);
 void bounce_put (char *buf);
-
-/* engine.c: one turn of a wait that holds a client request: wait on
- * cond (lock held, as for pthread_cond_wait) until woken or until
- * deadline (monotonic_ns, 0: none), at most one slice.  Once a slice has
- * passed since *asked (0 at the start of the wait), asks
- * mapper_request_abandoned first.  0: look at the condition again;
- * -ESHUTDOWN: give the request up.  The fast path never comes here.
- */
-#define REQUEST_WAIT_SLICE_NS (100 * 1000000ULL)
-int request_wait (pthread_cond_t *cond, pthread_mutex_t *lock,
-                  uint64_t deadline, uint64_t *asked);
-/* Set by an engine thread around work that may be held the same way
- * (a mirror's resync through a suspended mapper:NAME leg): once *flag is
- * true, request_wait gives that work up as well.
- */
-extern __thread _Atomic bool *request_wait_cancel;
 
 /* --- extents -------------------------------------------------------- */
 

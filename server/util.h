@@ -6,6 +6,8 @@
 #define NBDMAPPER_UTIL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "vector.h"
@@ -42,5 +44,40 @@ uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
 /* A thread that blocks all signals, named NAME; 0 or an errno. */
 int mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
                           const char *name);
+
+/* engine.c: one turn of a wait that holds a client request: wait on
+ * cond (lock held, as for pthread_cond_wait) until woken or until
+ * deadline (monotonic_ns, 0: none), at most one slice.  Once a slice has
+ * passed since *asked (0 at the start of the wait), asks
+ * mapper_request_abandoned (engine.h) first.  0: look at the condition
+ * again; -ESHUTDOWN: give the request up.  The fast path never comes
+ * here.
+ */
+#define REQUEST_WAIT_SLICE_NS (100 * 1000000ULL)
+int request_wait (pthread_cond_t *cond, pthread_mutex_t *lock,
+                  uint64_t deadline, uint64_t *asked);
+/* Set by an engine thread around work that may be held the same way
+ * (a mirror's resync through a suspended mapper:NAME leg): once *flag is
+ * true, request_wait gives that work up as well.
+ */
+extern __thread _Atomic bool *request_wait_cancel;
+
+/* The largest sector count (start, length, offset): its bytes must fit
+ * in an NBD size, which nbdkit and libnbd hold in an int64_t (checked
+ * against MAPPER_SECTOR_SHIFT in target.c).
+ */
+#define MAPPER_MAX_SECTORS 18014398509481983    /* INT64_MAX >> 9 */
+#define MAPPER_STR_(x) #x
+#define MAPPER_STR(x) MAPPER_STR_(x)
+#define MAPPER_MAX_SECTORS_TEXT MAPPER_STR (MAPPER_MAX_SECTORS)
+
+/* engine.c: strict number parsing ("%llu%c" style). */
+int parse_u64 (const char *s, uint64_t *out);
+int parse_sectors (const char *s, uint64_t *bytes);  /* sectors -> bytes */
+/* Why they failed with r: "overflows 64 bits", "overflows the largest
+ * NBD size..." (parse_sectors) or "is not a non-negative integer", to
+ * follow the argument in a message.
+ */
+const char *parse_error_text (int r);
 
 #endif /* NBDMAPPER_UTIL_H */
