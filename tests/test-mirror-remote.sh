@@ -13,12 +13,11 @@ requires nbdcopy --version
 requires fio --version
 requires sh -c 'fio --enghelp=nbd 2>&1 | grep -q uri'
 
-source "$top_srcdir/tests/remote-functions.sh"
 
-# The remote leg's server: backend puts it on $sock, pid in $pidfile.
+# The remote leg's server: start_server puts it on $sock, pid in $pidfile.
 sock="$tmpdir/remote.sock"
 pidfile="$tmpdir/remote.pid"
-start_remote () { backend remote memory 32M; }
+start_remote () { start_server remote memory 32M; }
 
 start_remote
 leg0=$(mkfile leg0.img 32M)

@@ -11,7 +11,7 @@ requires nbdinfo --version
 a=$(mkfile a.img 1M)
 mkdir "$tmpdir/tables"
 echo "0 2048 linear $a 0" > "$tmpdir/tables/d1.table"
-start_server tables="$tmpdir/tables"
+start_server ctl mapper tables="$tmpdir/tables"
 
 snapshot () { { ms ls; ms table; ms table --inactive; ms info; ls -a "$tmpdir/tables"; cat "$tmpdir/tables"/*.table; } 2>&1; }
 before=$(snapshot)
@@ -31,7 +31,7 @@ unchanged nul
 mkdir "$tmpdir/nuldir"
 cp "$tmpdir/nul.table" "$tmpdir/nuldir/"
 rc=0
-mapper_timeout 30 -U "$tmpdir/sock2" "$PLUGIN" tables="$tmpdir/nuldir" \
+mapper --timeout 30 -U "$tmpdir/sock2" tables="$tmpdir/nuldir" \
     --run true > "$tmpdir/start.err" 2>&1 || rc=$?
 cat "$tmpdir/start.err"
 [ "$rc" -ne 0 ] || die "server started with a NUL byte in a table"
@@ -112,7 +112,7 @@ before=$(snapshot)
 mkdir "$tmpdir/namedir"
 echo "0 8 zero" > "$tmpdir/namedir/$(printf 'x\302\205').table"
 rc=0
-mapper_timeout 30 -U "$tmpdir/sock2" "$PLUGIN" tables="$tmpdir/namedir" \
+mapper --timeout 30 -U "$tmpdir/sock2" tables="$tmpdir/namedir" \
     --run true > "$tmpdir/start.err" 2>&1 || rc=$?
 cat "$tmpdir/start.err"
 [ "$rc" -ne 0 ] || die "server started with a C1 control in a device name"
@@ -135,16 +135,13 @@ before=$(snapshot)
 # --- Stale DIR/.NAME.table.tmp files (a save cut short by a crash; they
 # may hold crypt keys) are removed at start, and the log says so; other
 # files stay.
-stop_server
+stop_server ctl
 echo "0 8 crypt aes-xts-plain64 $(printf '%064d' 7) 0 $a 0" \
     > "$tmpdir/tables/.d1.table.tmp"
 echo "0 8 zero" > "$tmpdir/tables/.gone.table.tmp"
 echo "keep" > "$tmpdir/tables/notes.table.tmp"
 mkdir "$tmpdir/tables/.dir.table.tmp"
-rm -f "$tmpdir/pid"
-mapper -v -U "$sock" -P "$tmpdir/pid" tables="$tmpdir/tables" \
-    2> "$tmpdir/start.log"
-cleanup_fn "stop_server"
+start_server --stderr "$tmpdir/start.log" ctl -v mapper tables="$tmpdir/tables"
 [ ! -e "$tmpdir/tables/.d1.table.tmp" ] || die ".d1.table.tmp not removed"
 [ ! -e "$tmpdir/tables/.gone.table.tmp" ] || die ".gone.table.tmp not removed"
 [ -e "$tmpdir/tables/notes.table.tmp" ] || die "notes.table.tmp removed"
