@@ -385,7 +385,9 @@ netns_new ()
 # reap it, and a zombie has closed its sockets and files).  A server
 # still there after 10 s hangs at exit: it is killed with SIGKILL, and
 # the test fails (stop_pidfile returns 1, and a test whose cleanup had to
-# kill a server exits 1).  Does nothing without a pid file.
+# kill a server exits 1).  Does nothing without a pid file.  (The 10 s is
+# _stop_wait, for test-harness.sh.)
+_stop_wait=10
 stop_pidfile ()
 {
     local pid i threads
@@ -393,7 +395,7 @@ stop_pidfile ()
     pid=$(cat "$1")
     rm -f "$1"
     kill "-${2:-TERM}" "$pid" 2>/dev/null || return 0
-    for (( i = 0; i < 100; i++ )); do
+    for (( i = 0; i < _stop_wait * 10; i++ )); do
         kill -0 "$pid" 2>/dev/null || return 0
         [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 0
         sleep 0.1
@@ -402,7 +404,7 @@ stop_pidfile ()
     threads=$(for t in /proc/$pid/task/*; do
                   printf ' %s(%s)' "$(cat "$t/comm")" "$(cat "$t/wchan")"
               done 2>/dev/null)
-    echo "$0: FAIL: pid $pid ($1) did not exit within 10 s of" \
+    echo "$0: FAIL: pid $pid ($1) did not exit within $_stop_wait s of" \
          "SIG${2:-TERM}: killed with SIGKILL." \
          "Command: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" \
          "Threads:$threads" >&2
