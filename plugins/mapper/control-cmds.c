@@ -168,20 +168,27 @@ cmd_info (struct reply *rp, struct proto_request *req)
   return one_or_all (rp, req, info_one);
 }
 
-/* "name\tline" for each line of text; "name\t" alone for an empty one. */
-static void
-emit_lines (FILE *out, const char *name, const char *text)
+/* "name\tline" for each line of dev's text (taken); "name\t" alone for an
+ * empty one.  text NULL: the reply says cmd ran out of memory (-r).
+ */
+static int
+emit_lines (struct reply *rp, const char *cmd, struct device *dev,
+            char *text, int r)
 {
-  if (*text == '\0') {
-    fprintf (out, "%s\t\n", name);
-    return;
+  const char *name = device_name (dev), *p = text;
+
+  if (text == NULL)
+    return reply_fail (rp, -r, "%s: out of memory", cmd);
+  if (*p == '\0')
+    fprintf (rp->out, "%s\t\n", name);
+  while (*p) {
+    const char *nl = strchr (p, '\n');
+    size_t n = nl ? (size_t) (nl - p) : strlen (p);
+    fprintf (rp->out, "%s\t%.*s\n", name, (int) n, p);
+    p += n + (nl != NULL);
   }
-  while (*text) {
-    const char *nl = strchr (text, '\n');
-    size_t n = nl ? (size_t) (nl - text) : strlen (text);
-    fprintf (out, "%s\t%.*s\n", name, (int) n, text);
-    text += n + (nl != NULL);
-  }
+  free (text);
+  return 0;
 }
 
 static int
@@ -192,13 +199,9 @@ table_one (struct device *dev, void *opaque)
   int r = 0;
   char *text = device_table_text (dev, inactive, &r);
 
-  if (text == NULL)
-    return reply_fail (rp, -r, "table: out of memory");
-  if (!(rp->flags & PROTO_F_SHOWKEYS))
+  if (text && !(rp->flags & PROTO_F_SHOWKEYS))
     proto_mask_crypt_keys (text);
-  emit_lines (rp->out, device_name (dev), text);
-  free (text);
-  return 0;
+  return emit_lines (rp, "table", dev, text, r);
 }
 
 static int
@@ -215,11 +218,7 @@ status_one (struct device *dev, void *opaque)
   char *text = rp->flags & PROTO_F_BACKENDS ? device_backends_text (dev, &r)
     : device_status_text (dev, &r);
 
-  if (text == NULL)
-    return reply_fail (rp, -r, "status: out of memory");
-  emit_lines (rp->out, device_name (dev), text);
-  free (text);
-  return 0;
+  return emit_lines (rp, "status", dev, text, r);
 }
 
 static int
@@ -398,13 +397,54 @@ unsave (const char *name, const char *uuid, const char *text)
   free (msg);
 }
 
+/* A table about to become live is saved first (a crash after the save
+ * restarts with it); what the file held, the live table, is kept to put
+ * back should the swap fail before swapping.
+ */
+struct live_save {
+  const char *name;
+  char *uuid;
+  char *old_text;               /* NULL: nothing saved */
+};
+
+static int
+save_live (struct reply *rp, struct device *dev, const char *name,
+           const char *text, struct live_save *ls)
+{
+  int r = 0;
+
+  ls->name = name;
+  ls->uuid = device_uuid (dev);
+  if ((ls->old_text = device_table_text (dev, false, &r)) == NULL)
+    return reply_fail (rp, -r, "out of memory");
+  if (save (rp, name, ls->uuid, text) == -1) {
+    free (ls->old_text);
+    ls->old_text = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* After the swap.  put_back: it failed before swapping (swapped but not
+ * flushed, the new table is live, and stays saved).
+ */
+static void
+save_live_end (struct live_save *ls, bool put_back)
+{
+  if (ls->old_text && put_back)
+    unsave (ls->name, ls->uuid, ls->old_text);
+  free (ls->uuid);
+  free (ls->old_text);
+}
+
 static int
 cmd_resume (struct reply *rp, struct proto_request *req)
 {
   struct mapper_err err = { "" };
+  struct live_save ls = { NULL };
   struct device_info info;
   struct device *dev;
-  char *text = NULL, *old_text = NULL, *uuid = NULL;
+  char *text = NULL;
   bool swapped = false;
   int r = 0;
 
@@ -414,31 +454,23 @@ cmd_resume (struct reply *rp, struct proto_request *req)
     return -1;
   device_get_info (dev, &info);
   if (info.inactive) {
-    /* The inactive table becomes live: check it can, then save it
-     * first (a crash after the save restarts with it).
-     */
+    /* The inactive table becomes live: check it can, then save it. */
     if ((r = device_check_resume (dev, &err)) < 0) {
       reply_fail (rp, -r, "resume %s: %s", req->args[0], err.msg);
       goto out;
     }
-    uuid = device_uuid (dev);
-    if ((text = device_table_text (dev, true, &r)) == NULL ||
-        (old_text = device_table_text (dev, false, &r)) == NULL) {
+    if ((text = device_table_text (dev, true, &r)) == NULL) {
       r = reply_fail (rp, -r, "out of memory");
       goto out;
     }
-    if ((r = save (rp, req->args[0], uuid, text)) < 0)
+    if ((r = save_live (rp, dev, req->args[0], text, &ls)) < 0)
       goto out;
   }
-  if ((r = device_resume_swapped (dev, &swapped, &err)) < 0) {
-    if (info.inactive && !swapped)
-      unsave (req->args[0], uuid, old_text);
+  if ((r = device_resume_swapped (dev, &swapped, &err)) < 0)
     reply_fail (rp, -r, "resume: %s", err.msg);
-  }
  out:
+  save_live_end (&ls, r < 0 && !swapped);
   free (text);
-  free (old_text);
-  free (uuid);
   device_put (dev);
   return r < 0 ? -1 : 0;
 }
@@ -447,9 +479,10 @@ static int
 cmd_replace (struct reply *rp, struct proto_request *req)
 {
   struct mapper_err err = { "" };
+  struct live_save ls = { NULL };
   struct device *dev;
   struct table *t = NULL;
-  char *text = NULL, *old_text = NULL, *uuid = NULL;
+  char *text = NULL;
   bool swapped = false;
   int r = -1;
 
@@ -468,28 +501,16 @@ cmd_replace (struct reply *rp, struct proto_request *req)
     r = reply_fail (rp, -r, "replace %s: %s", req->args[0], err.msg);
     goto out;
   }
-  uuid = device_uuid (dev);
-  /* Kept to put the file back if the swap itself fails. */
-  if ((old_text = device_table_text (dev, false, &r)) == NULL) {
-    reply_fail (rp, -r, "out of memory");
-    r = -1;
-    goto out;
-  }
-  if ((r = save (rp, req->args[0], uuid, text)) == -1)
+  if ((r = save_live (rp, dev, req->args[0], text, &ls)) < 0)
     goto out;
   r = device_replace (dev, t, &swapped, &err);
   t = NULL;                     /* taken, even on failure */
-  if (r < 0) {
-    /* Swapped but not flushed: the new table is live, and stays saved. */
-    if (!swapped)
-      unsave (req->args[0], uuid, old_text);
+  if (r < 0)
     reply_fail (rp, -r, "replace: %s", err.msg);
-  }
  out:
+  save_live_end (&ls, r < 0 && !swapped);
   table_free (t);
   free (text);
-  free (old_text);
-  free (uuid);
   device_put (dev);
   return r < 0 ? -1 : 0;
 }

@@ -120,6 +120,28 @@ remove_stale_tmp (void)
   return r;
 }
 
+/* DIR/NAME.table, malloc'd; NULL if out of memory. */
+static char *
+table_path (const char *name)
+{
+  char *path;
+
+  return asprintf (&path, "%s/%s.table", tables_dir, name) == -1 ? NULL
+    : path;
+}
+
+/* *msg := "tables=DIR: WHAT NAME.table: <error -r>" (NULL if out of
+ * memory); returns r.
+ */
+static int
+persist_failed (int r, const char *what, const char *name, char **msg)
+{
+  if (asprintf (msg, "tables=%s: %s %s.table: %s", tables_dir, what, name,
+                mapper_strerror (-r)) == -1)
+    *msg = NULL;
+  return r;
+}
+
 #define UUID_TAG "# nbdmapper-uuid: "
 #define NO_TABLE_TAG "# nbdmapper-no-table"
 
@@ -177,7 +199,7 @@ persist_write (const char *name, const char *uuid, const char *text,
   text = all;
   len = strlen (text);
   if (asprintf (&tmp, "%s/.%s.table.tmp", tables_dir, name) == -1 ||
-      asprintf (&path, "%s/%s.table", tables_dir, name) == -1) {
+      (path = table_path (name)) == NULL) {
     r = -ENOMEM;
     goto out;
   }
@@ -212,9 +234,7 @@ persist_write (const char *name, const char *uuid, const char *text,
   if (r < 0) {
     if (tmp)
       unlink (tmp);
-    if (asprintf (msg, "tables=%s: saving %s.table: %s", tables_dir, name,
-                  mapper_strerror (-r)) == -1)
-      *msg = NULL;
+    persist_failed (r, "saving", name, msg);
   }
   free (tmp);
   free (path);
@@ -226,42 +246,35 @@ int
 persist_remove (const char *name, char **msg)
 {
   char *path;
-  int r = 0;
+  int r;
 
   if (tables_dir == NULL)
     return 0;
-  if (asprintf (&path, "%s/%s.table", tables_dir, name) == -1)
-    return -ENOMEM;
-  if (unlink (path) == -1 && errno != ENOENT)
+  if ((path = table_path (name)) == NULL)
+    r = -ENOMEM;
+  else if (unlink (path) == -1 && errno != ENOENT)
     r = -errno;
   else
     r = fsync_dir ();
-  if (r < 0 && asprintf (msg, "tables=%s: removing %s.table: %s",
-                         tables_dir, name, mapper_strerror (-r)) == -1)
-    *msg = NULL;
   free (path);
-  return r;
+  return r < 0 ? persist_failed (r, "removing", name, msg) : 0;
 }
 
 int
 persist_rename (const char *old, const char *new, char **msg)
 {
-  char *from = NULL, *to = NULL;
-  int r = 0;
+  char *from = table_path (old), *to = table_path (new);
+  int r;
 
   if (tables_dir == NULL)
-    return 0;
-  if (asprintf (&from, "%s/%s.table", tables_dir, old) == -1 ||
-      asprintf (&to, "%s/%s.table", tables_dir, new) == -1)
+    r = 0;
+  else if (from == NULL || to == NULL)
     r = -ENOMEM;
   else if (rename (from, to) == -1)
     r = -errno;
   else
     r = fsync_dir ();
-  if (r < 0 && asprintf (msg, "tables=%s: renaming %s.table: %s",
-                         tables_dir, old, mapper_strerror (-r)) == -1)
-    *msg = NULL;
   free (from);
   free (to);
-  return r;
+  return r < 0 ? persist_failed (r, "renaming", old, msg) : 0;
 }
