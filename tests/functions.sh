@@ -254,6 +254,28 @@ _start_failed ()
     die "start_server $1: $2"
 }
 
+# mapper_refuses [HARNESS-OPTS] PATTERN ARGS...: nbdkit with our plugin
+# and ARGS (as for mapper) must refuse to start: exit 1 within 30 s,
+# before its --run command could run, with a message matching PATTERN
+# (grep -E).  Its output is printed, and left in $tmpdir/refused.out.
+mapper_refuses ()
+{
+    local opts=() pat rc=0
+    while [ "${1:-}" = --wrap ]; do opts+=("$1" "$2"); shift 2; done
+    pat=$1; shift
+    rm -f "$tmpdir/refused.ran"
+    # A Unix socket in the scratch dir rather than -U -: nbdkit 1.32 leaks
+    # its /tmp/nbdkitXXXXXX directory when it fails during configuration.
+    mapper --timeout 30 "${opts[@]}" -U "$tmpdir/refused.sock" "$@" \
+           --run "touch '$tmpdir/refused.ran'" > "$tmpdir/refused.out" 2>&1 ||
+        rc=$?
+    cat "$tmpdir/refused.out"
+    [ "$rc" -eq 1 ] || die "nbdkit mapper $*: exit $rc, not 1 (a refusal)"
+    [ ! -e "$tmpdir/refused.ran" ] || die "nbdkit mapper $*: it started"
+    grep -Eq -- "$pat" "$tmpdir/refused.out" ||
+        die "nbdkit mapper $*: no message matching /$pat/"
+}
+
 # _started NAME MINE: NAME is a server to stop at exit (MINE: it runs our
 # plugin).  The cleanup is registered at the first start: what a test
 # sets up later (an nbdfuse mount on a server) goes before the servers,

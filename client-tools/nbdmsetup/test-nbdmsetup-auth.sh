@@ -10,18 +10,7 @@ head -c 48 /dev/urandom > "$tmpdir/wrong"; chmod 600 "$tmpdir/wrong"
 echo "0 8 zero" > "$tmpdir/d1.table"
 
 # Key file checks, at start: readable by others, too short, missing.
-refuse_start ()
-{
-    local pat=$1 rc=0
-    shift
-    mapper --timeout 30 -U "$tmpdir/s2" --run true "$tmpdir/d1.table" "$@" \
-        > "$tmpdir/start.out" 2>&1 || rc=$?
-    [ "$rc" -ne 0 ] || die "server started with $*"
-    [ "$rc" -eq 1 ] || die "start with $*: nbdkit exited $rc, not 1"
-    grep -Eq -- "$pat" "$tmpdir/start.out" ||
-        die "start with $*: message $(cat "$tmpdir/start.out") !~ /$pat/"
-    echo "start refused: $(cat "$tmpdir/start.out")"
-}
+refuse_start () { mapper_refuses "$1" "$tmpdir/d1.table" "${@:2}"; }
 cp "$tmpdir/key" "$tmpdir/key644"; chmod 644 "$tmpdir/key644"
 refuse_start 'group or others.*chmod 600' control-key="$tmpdir/key644"
 head -c 16 /dev/urandom > "$tmpdir/short"; chmod 600 "$tmpdir/short"
