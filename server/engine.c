@@ -36,13 +36,13 @@ engine_start (struct mapper_err *err)
   int r;
 
   /* The I/O loop owning remote connections (an idle thread until a
-   * table names a remote backend), then the mirror resync worker: now if
-   * a live mirror needs it, else lazily when one does.  Local backends
-   * complete inline.
+   * table names a remote backend), then the target types' threads (the
+   * mirror resync worker: now if a live mirror needs it, else lazily
+   * when one does).  Local backends complete inline.
    */
   if ((r = ioloop_start (err)) < 0)
     return r;
-  if ((r = mirror_resync_start (err)) < 0)
+  if ((r = target_types_start (err)) < 0)
     ioloop_stop ();
   return r;
 }
@@ -50,7 +50,7 @@ engine_start (struct mapper_err *err)
 void
 engine_stop (void)
 {
-  mirror_resync_stop ();
+  target_types_stop ();
   ioloop_stop ();
   nbd_resolver_stop ();
   localpool_stop ();

@@ -8,26 +8,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util.h"
 #include "engine.h"
 #include "backend.h"
 #include "target.h"
-#include "vector.h"
 
-#define ARRAY_SIZE(a) (sizeof (a) / sizeof ((a)[0]))
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
-#define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
-#define IS_POWER_OF_2(x) ((x) != 0 && ((x) & ((x) - 1)) == 0)
-
-/* Scope-bound cleanup. */
-#define CLEANUP_FREE __attribute__ ((cleanup (cleanup_free)))
-void cleanup_free (void *ptr);
-#define ACQUIRE_LOCK_FOR_CURRENT_SCOPE(m) \
-  __attribute__ ((cleanup (cleanup_unlock))) pthread_mutex_t *_lock_ = (m); \
-  pthread_mutex_lock (_lock_)
-void cleanup_unlock (pthread_mutex_t **m);
-
-enum io_op { IO_READ, IO_WRITE, IO_ZERO, IO_TRIM, IO_FLUSH };
 extern const char *const io_op_name[];
 
 /* One piece of a request, addressed to one backend.  buf points into the
@@ -43,7 +28,7 @@ struct clone {
   enum io_op op;
   uint64_t seq;                 /* IO_FLUSH: the backend flush's number */
   /* Optional per-target completion hook (io_emit_end_io): see target.h. */
-  int (*end_io) (struct clone *c, int error);
+  clone_end_io_fn end_io;
   void *end_io_ctx;
   uint64_t end_io_arg;
   struct clone *retry_next;     /* io_req.retry list */
@@ -76,30 +61,7 @@ struct io_req {
 bool localpool_submit (struct clone *c);
 void localpool_stop (void);
 
-/* targets/mirror.c: the engine-wide resync worker (engine_start/stop). */
-int mirror_resync_start (struct mapper_err *err);
-void mirror_resync_stop (void);
-
 /* engine.c */
-uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
-/* One turn of a wait that holds a client request: wait on cond (lock
- * held, as for pthread_cond_wait) until woken or until deadline
- * (monotonic_ns, 0: none), at most one slice.  Once a slice has passed
- * since *asked (0 at the start of the wait), asks
- * mapper_request_abandoned first.  0: look at the condition again;
- * -ESHUTDOWN: give the request up.  The fast path never comes here.
- */
-#define REQUEST_WAIT_SLICE_NS (100 * 1000000ULL)
-int request_wait (pthread_cond_t *cond, pthread_mutex_t *lock,
-                  uint64_t deadline, uint64_t *asked);
-/* Set by an engine thread around work that may be held the same way
- * (a mirror's resync through a suspended mapper:NAME leg): once *flag is
- * true, request_wait gives that work up as well.
- */
-extern __thread _Atomic bool *request_wait_cancel;
-/* A thread that blocks all signals, named NAME; 0 or an errno. */
-int mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
-                          const char *name);
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
 
@@ -137,27 +99,6 @@ void io_req_init (struct io_req *req, enum io_op op, uint32_t flags);
 struct clone *io_req_new_clone (struct io_req *req);
 int io_req_run (struct io_req *req);
 void io_req_release (struct io_req *req);
-/* For targets that must see or change data on its way (crypt, flakey's
- * corruption): one synchronous sub-request to be, issued and waited for
- * inside map(), so buf may be a bounce buffer reused as soon as this
- * returns.  flags: MAPPER_FUA (emulated where not native).  0 or -errno.
- */
-int io_sync (enum io_op op, struct backend *be, uint64_t offset,
-             uint64_t len, char *buf, uint32_t flags);
-/* CLOCK_MONOTONIC nanoseconds when the request first asked: delay
- * targets measure from it, so the pieces of one request delayed by
- * several targets wait for the longest delay, not the sum.
- */
-uint64_t io_req_start_ns (struct io_req *req);
-
-/* bounce.c: per-thread scratch buffers for transformed data (the
- * client's write buffer is const).  bounce_get returns at least len
- * bytes (4096-aligned), valid until the matching bounce_put; calls nest
- * (a stacked device may transform inside a transform).  NULL if out of
- * memory.
- */
-char *bounce_get (size_t len);
-void bounce_put (char *buf);
 
 /* flush.c */
 /* Make every write completed on bes[0..n) so far durable: at most one
@@ -235,6 +176,11 @@ int table_flush_hooks (struct table *t, uint32_t flags);
  * dev->lock; device_free before freeing dev.
  */
 void table_bind (struct table *t, struct device *dev);
+/* The target types' start and stop hooks (engine_start/stop): 0 or
+ * -errno with err filled, having stopped those it started.
+ */
+int target_types_start (struct mapper_err *err);
+void target_types_stop (void);
 
 /* device.c */
 struct device {

@@ -3,6 +3,7 @@
 # Each may exit 77 to skip when a tool or a privilege is missing.
 SHELL_TESTS = \
 	test-harness.sh \
+	test-layering.sh \
 	test-info.sh \
 	test-bad-tables.sh \
 	test-rw-edges.sh \
