@@ -8,24 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util.h"
 #include "engine.h"
 #include "backend.h"
 #include "target.h"
-#include "vector.h"
-
-#define ARRAY_SIZE(a) (sizeof (a) / sizeof ((a)[0]))
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
-#define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
-#define IS_POWER_OF_2(x) ((x) != 0 && ((x) & ((x) - 1)) == 0)
-
-/* Scope-bound cleanup. */
-#define CLEANUP_FREE __attribute__ ((cleanup (cleanup_free)))
-void cleanup_free (void *ptr);
-#define ACQUIRE_LOCK_FOR_CURRENT_SCOPE(m) \
-  __attribute__ ((cleanup (cleanup_unlock))) pthread_mutex_t *_lock_ = (m); \
-  pthread_mutex_lock (_lock_)
-void cleanup_unlock (pthread_mutex_t **m);
 
 enum io_op { IO_READ, IO_WRITE, IO_ZERO, IO_TRIM, IO_FLUSH };
 extern const char *const io_op_name[];
@@ -81,25 +67,6 @@ int mirror_resync_start (struct mapper_err *err);
 void mirror_resync_stop (void);
 
 /* engine.c */
-uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
-/* One turn of a wait that holds a client request: wait on cond (lock
- * held, as for pthread_cond_wait) until woken or until deadline
- * (monotonic_ns, 0: none), at most one slice.  Once a slice has passed
- * since *asked (0 at the start of the wait), asks
- * mapper_request_abandoned first.  0: look at the condition again;
- * -ESHUTDOWN: give the request up.  The fast path never comes here.
- */
-#define REQUEST_WAIT_SLICE_NS (100 * 1000000ULL)
-int request_wait (pthread_cond_t *cond, pthread_mutex_t *lock,
-                  uint64_t deadline, uint64_t *asked);
-/* Set by an engine thread around work that may be held the same way
- * (a mirror's resync through a suspended mapper:NAME leg): once *flag is
- * true, request_wait gives that work up as well.
- */
-extern __thread _Atomic bool *request_wait_cancel;
-/* A thread that blocks all signals, named NAME; 0 or an errno. */
-int mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
-                          const char *name);
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
 

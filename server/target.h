@@ -154,26 +154,6 @@ int target_parse_offset (const char *s, uint64_t *bytes,
 int target_count_args (unsigned argc, char **argv, unsigned max,
                        const char *what, struct mapper_err *err);
 
-/* The largest sector count (start, length, offset): its bytes must fit
- * in an NBD size, which nbdkit and libnbd hold in an int64_t.
- */
-#define MAPPER_MAX_SECTORS 18014398509481983    /* INT64_MAX >> 9 */
-#define MAPPER_STR_(x) #x
-#define MAPPER_STR(x) MAPPER_STR_(x)
-#define MAPPER_MAX_SECTORS_TEXT MAPPER_STR (MAPPER_MAX_SECTORS)
-_Static_assert ((uint64_t) MAPPER_MAX_SECTORS ==
-                (uint64_t) INT64_MAX >> MAPPER_SECTOR_SHIFT,
-                "MAPPER_MAX_SECTORS is the largest int64 size in sectors");
-
-/* util: strict number parsing for constructors ("%llu%c" style). */
-int parse_u64 (const char *s, uint64_t *out);
-int parse_sectors (const char *s, uint64_t *bytes);  /* sectors -> bytes */
-/* Why they failed with r: "overflows 64 bits", "overflows the largest
- * NBD size..." (parse_sectors) or "is not a non-negative integer", to
- * follow the argument in a message.
- */
-const char *parse_error_text (int r);
-
 /* The client buffer at delta, or NULL for requests that carry none. */
 static inline char *
 buf_at (char *buf, uint64_t delta)
