@@ -1,8 +1,14 @@
-/* Backends: one open storage endpoint (a local file or block device; later
- * a remote NBD server), shared by every table that names it.  Backends are
- * deduplicated by canonical name and refcounted; the ops are asynchronous in
- * shape: submit() takes a clone and completes it with clone_done(), inline
- * (file) or later from an I/O thread (remote).
+/* The backend API: everything a backend (server/backends/) sees of the
+ * engine, as an nbdkit plugin sees <nbdkit-plugin.h>.  A backend
+ * includes this and "util.h", never internal.h; this header compiles
+ * alone.
+ *
+ * A backend is one open storage endpoint (a local file or block device,
+ * a remote NBD server, another device of this server), shared by every
+ * table that names it: the registry (backend.c) deduplicates backends by
+ * key and refcounts them.  The ops are asynchronous in shape: submit()
+ * takes a clone and completes it with clone_done(), inline (file) or
+ * later from an I/O thread (remote).
  */
 #ifndef NBDMAPPER_BACKEND_H
 #define NBDMAPPER_BACKEND_H
@@ -10,12 +16,38 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine.h"
 
-struct clone;
 struct backend;
+struct io_req;
+struct ev_loop;
+
+/* One piece of a request, addressed to one backend.  buf points into the
+ * client's buffer (or is NULL for zero/trim/flush).  A backend reads be,
+ * offset, len, buf, flags and op, and completes the clone exactly once
+ * with clone_done; the fields marked "core" are the engine's.
+ */
+struct clone {
+  struct io_req *req;           /* core: the request it is part of */
+  struct backend *be;
+  uint64_t offset;              /* backend coordinates, bytes */
+  uint64_t len;
+  char *buf;
+  uint32_t flags;               /* MAPPER_FUA, MAPPER_MAY_TRIM, ... */
+  enum io_op op;
+  uint64_t seq;                 /* core: IO_FLUSH: the backend flush's number */
+  /* core: optional per-target completion hook (io_emit_end_io), see
+   * target.h.
+   */
+  int (*end_io) (struct clone *c, int error);
+  void *end_io_ctx;
+  uint64_t end_io_arg;
+  struct clone *retry_next;     /* core: io_req.retry list */
+  struct clone *qnext;          /* core: the I/O loop's or local pool's queue */
+};
 
 struct backend_ops {
   const char *kind;                       /* "file", "nbd" */
@@ -90,29 +122,42 @@ struct backend {
   _Atomic uint64_t err_seq;
 };
 
-/* flush.c */
-void backend_flush_init (struct backend *be);
-void backend_flush_destroy (struct backend *be);
-/* A connection to the backend dropped: acknowledged writes that were not
- * flushed may be gone, so the next flush covering it fails with EIO.
+/* io.c: c is done, with 0 or -errno; from any thread, exactly once. */
+void clone_done (struct clone *c, int error);
+
+/* flush.c: a connection to the backend dropped: acknowledged writes that
+ * were not flushed may be gone, so the next flush covering it fails with
+ * EIO.
  */
 void backend_writes_lost (struct backend *be);
-/* The error clock now: an observer's starting point. */
-uint64_t errseq_sample (void);
-/* be's latest error stamp, including a stacked device's backends. */
-uint64_t backend_errseq (struct backend *be);
-/* A device dropped be at a swap: keep its errors for the device's
- * observers, whose flushes no longer reach it.
- */
-void errseq_note_dropped (_Atomic uint64_t *dev_err, struct backend *be);
-/* An observer flushed having sampled the clock at sample. */
-void errseq_seen (_Atomic uint64_t *seen, uint64_t sample);
 
-/* backend.c: the registry. */
-int backend_get (const char *spec, struct backend **out,
-                 struct mapper_err *err);
-void backend_put (struct backend *be);
-void backend_hold (struct backend *be);
+/* ioloop.c: for backends that complete in the I/O loop, the one thread
+ * that owns every remote connection.
+ */
+struct ioloop_job {
+  struct ioloop_job *next;
+  /* Runs in the loop thread; error is -ESHUTDOWN if the loop stopped
+   * (or could not start) before running it.
+   */
+  void (*fn) (struct ioloop_job *job, int error);
+};
+/* ops->submit of a loop backend: queue c; start() runs in the loop. */
+void ioloop_submit (struct backend *be, struct clone *c);
+void ioloop_queue_job (struct ioloop_job *job);
+/* Queue job for the loop of generation gen if that loop still runs (it
+ * never starts one); false if not, and the caller keeps the job.  For
+ * threads that may outlive a loop.
+ */
+bool ioloop_post (struct ioloop_job *job, unsigned gen);
+/* Run fn(arg) in the loop thread and wait; inline if no loop runs. */
+void ioloop_call (void (*fn) (void *arg), void *arg);
+/* In the loop thread: the loop, for the backend's own watchers. */
+struct ev_loop *ioloop_ev (void);
+/* Which loop runs now (bumped at each start): a backend re-adopts its
+ * connections when it finds a new one.
+ */
+unsigned ioloop_generation (void);
+bool ioloop_in_loop_thread (void);
 
 /* backends/file.c */
 struct stat;

@@ -31,6 +31,9 @@ const char *mapper_strerror (int errnum);
 struct table;
 struct device;
 
+/* What a request or one of its pieces (a clone) does. */
+enum io_op { IO_READ, IO_WRITE, IO_ZERO, IO_TRIM, IO_FLUSH };
+
 /* I/O flags (same meaning as nbdkit's). */
 #define MAPPER_FUA        0x1
 #define MAPPER_MAY_TRIM   0x2

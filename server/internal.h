@@ -13,28 +13,7 @@
 #include "backend.h"
 #include "target.h"
 
-enum io_op { IO_READ, IO_WRITE, IO_ZERO, IO_TRIM, IO_FLUSH };
 extern const char *const io_op_name[];
-
-/* One piece of a request, addressed to one backend.  buf points into the
- * client's buffer (or is NULL for zero/trim/flush).
- */
-struct clone {
-  struct io_req *req;
-  struct backend *be;
-  uint64_t offset;              /* backend coordinates, bytes */
-  uint64_t len;
-  char *buf;
-  uint32_t flags;               /* MAPPER_FUA, MAPPER_MAY_TRIM, ... */
-  enum io_op op;
-  uint64_t seq;                 /* IO_FLUSH: the backend flush's number */
-  /* Optional per-target completion hook (io_emit_end_io): see target.h. */
-  int (*end_io) (struct clone *c, int error);
-  void *end_io_ctx;
-  uint64_t end_io_arg;
-  struct clone *retry_next;     /* io_req.retry list */
-  struct clone *qnext;          /* the I/O loop's or local pool's queue */
-};
 
 /* A request in flight: lives on the submitting worker's stack.  Clone
  * descriptors go in the inline array, spilling to the heap only for very
@@ -70,36 +49,16 @@ void mirror_resync_stop (void);
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
 
-/* ioloop.c: the thread owning every remote connection. */
-struct ioloop_job {
-  struct ioloop_job *next;
-  /* Runs in the loop thread; error is -ESHUTDOWN if the loop stopped
-   * (or could not start) before running it.
-   */
-  void (*fn) (struct ioloop_job *job, int error);
-};
+/* ioloop.c: the thread owning every remote connection (the part for
+ * backends is in backend.h).
+ */
 int ioloop_start (struct mapper_err *err);
 void ioloop_stop (void);
-/* ops->submit of a loop backend: queue c; start() runs in the loop. */
-void ioloop_submit (struct backend *be, struct clone *c);
 /* Between these, ioloop_submit only queues; _end wakes the loop once. */
 void ioloop_batch_begin (void);
 void ioloop_batch_end (void);
-void ioloop_queue_job (struct ioloop_job *job);
-/* Queue job for the loop of generation gen if that loop still runs (it
- * never starts one); false if not, and the caller keeps the job.  For
- * threads that may outlive a loop.
- */
-bool ioloop_post (struct ioloop_job *job, unsigned gen);
-/* Run fn(arg) in the loop thread and wait; inline if no loop runs. */
-void ioloop_call (void (*fn) (void *arg), void *arg);
-/* For backends, in the loop thread. */
-struct ev_loop *ioloop_ev (void);
-unsigned ioloop_generation (void);
-bool ioloop_in_loop_thread (void);
 
 /* io.c */
-void clone_done (struct clone *c, int error);  /* error: 0 or -errno */
 void io_req_init (struct io_req *req, enum io_op op, uint32_t flags);
 struct clone *io_req_new_clone (struct io_req *req);
 int io_req_run (struct io_req *req);
@@ -127,6 +86,18 @@ char *bounce_get (size_t len);
 void bounce_put (char *buf);
 
 /* flush.c */
+void backend_flush_init (struct backend *be);
+void backend_flush_destroy (struct backend *be);
+/* The error clock now: an observer's starting point. */
+uint64_t errseq_sample (void);
+/* be's latest error stamp, including a stacked device's backends. */
+uint64_t backend_errseq (struct backend *be);
+/* A device dropped be at a swap: keep its errors for the device's
+ * observers, whose flushes no longer reach it.
+ */
+void errseq_note_dropped (_Atomic uint64_t *dev_err, struct backend *be);
+/* An observer flushed having sampled the clock at sample. */
+void errseq_seen (_Atomic uint64_t *seen, uint64_t sample);
 /* Make every write completed on bes[0..n) so far durable: at most one
  * backend flush each, in parallel, shared with concurrent callers, none
  * for a clean backend.  0 or the first -errno.
@@ -145,6 +116,14 @@ void flush_note_write (struct clone *c);
  * it ran.
  */
 int flush_end (struct backend *be, uint64_t seq, int error);
+
+/* backend.c: the registry.  Open (or share) the backend spec names;
+ * another reference to one held; drop one (the last closes it).
+ */
+int backend_get (const char *spec, struct backend **out,
+                 struct mapper_err *err);
+void backend_hold (struct backend *be);
+void backend_put (struct backend *be);
 
 /* table.c */
 DEFINE_VECTOR_TYPE (backend_vector, struct backend *);
