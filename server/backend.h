@@ -159,27 +159,43 @@ struct ev_loop *ioloop_ev (void);
 unsigned ioloop_generation (void);
 bool ioloop_in_loop_thread (void);
 
-/* backends/file.c */
-struct stat;
-int file_backend_key (const struct stat *st, char **key);
-int file_backend_open (const char *path, const char *canonical,
-                       const struct stat *st, struct backend **out,
-                       struct mapper_err *err);
+/* A kind of backend, as qemu's protocol drivers are: the registry
+ * (backend.c) asks each kind, in the order of backends/backends.def,
+ * whether it claims a spec, and the first that does names the spec's
+ * identity and opens it.  One per file under backends/, registered by
+ * one line in backends.def; nothing else in the engine names a kind.
+ */
+struct backend_kind {
+  const char *name;             /* as its backends' ops->kind */
+  /* Is spec (a table's <dev> word, not empty) this kind's?  Looks at
+   * the text only.
+   */
+  bool (*claims) (const char *spec);
+  /* The identity of what spec names, malloc'd in *key: specs with one
+   * key are one backend, opened once and shared.  Keys of different
+   * kinds never collide.  0, or -errno with err filled (naming spec).
+   */
+  int (*key) (const char *spec, char **key, struct mapper_err *err);
+  /* Open spec, whose identity is key (the registry sets be->key).  May
+   * take long (a remote backend connects): called without the
+   * registry's lock.  0, or -errno with err filled (naming spec).
+   */
+  int (*open) (const char *spec, const char *key, struct backend **out,
+               struct mapper_err *err);
+  /* Optional: stop the kind's own threads, at engine_stop after the I/O
+   * loop (a thread that starts on first use, so there is no start).
+   */
+  void (*stop) (void);
+};
 
 /* backends/device.c: "mapper:NAME", another device of this server. */
 #define DEVICE_BACKEND_PREFIX "mapper:"
 struct device;
-int device_backend_open (const char *spec, struct backend **out,
-                         struct mapper_err *err);
 /* The device behind a device backend, or NULL for other kinds. */
 struct device *device_backend_device (const struct backend *be);
 /* backends/nbd.c: remote NBD servers, keyed by normalised URI. */
 bool nbd_backend_is_uri (const char *spec);
 int nbd_backend_normalize (const char *spec, char **uri,
                            struct mapper_err *err);
-int nbd_backend_open (const char *uri, struct backend **out,
-                      struct mapper_err *err);
-/* Stop the host name resolver (engine_stop, after the I/O loop). */
-void nbd_resolver_stop (void);
 
 #endif /* NBDMAPPER_BACKEND_H */

@@ -47,7 +47,7 @@ engine_stop (void)
 {
   mirror_resync_stop ();
   ioloop_stop ();
-  nbd_resolver_stop ();
+  backend_kinds_stop ();
   localpool_stop ();
 }
 

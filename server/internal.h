@@ -124,6 +124,8 @@ int backend_get (const char *spec, struct backend **out,
                  struct mapper_err *err);
 void backend_hold (struct backend *be);
 void backend_put (struct backend *be);
+/* engine_stop: each kind's stop hook (struct backend_kind). */
+void backend_kinds_stop (void);
 
 /* table.c */
 DEFINE_VECTOR_TYPE (backend_vector, struct backend *);

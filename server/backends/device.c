@@ -122,9 +122,27 @@ static const struct backend_ops device_ops = {
   .close = device_close,
 };
 
-int
-device_backend_open (const char *spec, struct backend **out,
-                     struct mapper_err *err)
+static bool
+device_claims (const char *spec)
+{
+  return strncmp (spec, DEVICE_BACKEND_PREFIX,
+                  strlen (DEVICE_BACKEND_PREFIX)) == 0;
+}
+
+/* Keyed by the device's name as written. */
+static int
+device_key (const char *spec, char **key, struct mapper_err *err)
+{
+  if ((*key = strdup (spec)) == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+static int
+device_backend_open (const char *spec, const char *key,
+                     struct backend **out, struct mapper_err *err)
 {
   const char *name = spec + strlen (DEVICE_BACKEND_PREFIX);
   struct device_backend *d;
@@ -171,3 +189,10 @@ device_backend_open (const char *spec, struct backend **out,
   *out = &d->be;
   return 0;
 }
+
+const struct backend_kind device_backend_kind = {
+  .name = "device",
+  .claims = device_claims,
+  .key = device_key,
+  .open = device_backend_open,
+};

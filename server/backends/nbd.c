@@ -738,8 +738,10 @@ resolver_thread (void *arg)
   return NULL;
 }
 
-/* engine_stop, after ioloop_stop: waits for a lookup under way. */
-void
+/* The kind's stop (engine_stop, after ioloop_stop): waits for a lookup
+ * under way.
+ */
+static void
 nbd_resolver_stop (void)
 {
   pthread_mutex_lock (&resolver_lock);
@@ -1403,8 +1405,9 @@ probe_connect (const char *uri, double timeout, struct mapper_err *err)
   return NULL;
 }
 
-int
-nbd_backend_open (const char *uri, struct backend **out,
+/* open of the kind: the URI as normalised (the key) is what we use. */
+static int
+nbd_backend_open (const char *spec, const char *uri, struct backend **out,
                   struct mapper_err *err)
 {
   struct nbd_backend *nb;
@@ -1714,3 +1717,11 @@ nbd_backend_normalize (const char *spec, char **out, struct mapper_err *err)
   param_vector_reset (&params);
   return r;
 }
+
+const struct backend_kind nbd_backend_kind = {
+  .name = "nbd",
+  .claims = nbd_backend_is_uri,
+  .key = nbd_backend_normalize,
+  .open = nbd_backend_open,
+  .stop = nbd_resolver_stop,
+};
