@@ -22,6 +22,7 @@
 #include "engine.h"
 
 struct backend;
+struct device;
 struct io_req;
 struct ev_loop;
 
@@ -80,6 +81,11 @@ struct backend_ops {
    * flush skipping a clean stacked device still reports them.
    */
   uint64_t (*errseq) (struct backend *be);
+  /* Optional: the device of this server the backend stacks on (a
+   * "mapper:NAME" backend), for the core's walks of stacks: cycles
+   * refused at load, the tables holding a device.  NULL for others.
+   */
+  struct device *(*lower_device) (struct backend *be);
   void (*close) (struct backend *be);
 };
 
@@ -188,11 +194,18 @@ struct backend_kind {
   void (*stop) (void);
 };
 
-/* backends/device.c: "mapper:NAME", another device of this server. */
+/* The device be stacks on (its lower_device op), or NULL. */
+static inline struct device *
+backend_lower_device (struct backend *be)
+{
+  return be->ops->lower_device ? be->ops->lower_device (be) : NULL;
+}
+
+/* How a table names another device of this server (stacking,
+ * backends/stacked.c), as the core's messages about stacks spell it.
+ */
 #define DEVICE_BACKEND_PREFIX "mapper:"
-struct device;
-/* The device behind a device backend, or NULL for other kinds. */
-struct device *device_backend_device (const struct backend *be);
+
 /* backends/nbd.c: remote NBD servers, keyed by normalised URI. */
 bool nbd_backend_is_uri (const char *spec);
 int nbd_backend_normalize (const char *spec, char **uri,

@@ -496,7 +496,7 @@ check_stack (struct device *top, const struct table *t, const char **path,
              unsigned depth, struct mapper_err *err)
 {
   for (size_t i = 0; i < t->backends.len; i++) {
-    struct device *lower = device_backend_device (t->backends.ptr[i]);
+    struct device *lower = backend_lower_device (t->backends.ptr[i]);
     int r = 0;
 
     if (lower == NULL)
@@ -579,7 +579,7 @@ foreach_holder (struct device *lower, holder_fn fn, void *opaque)
       for (size_t j = 0; slots[s] && j < slots[s]->stack_uses.len && r == 0;
            j++) {
         const struct stack_use *u = &slots[s]->stack_uses.ptr[j];
-        if (device_backend_device (u->be) == lower)
+        if (backend_lower_device (u->be) == lower)
           r = fn (d, s == 1, slots[s], u, opaque);
       }
     pthread_mutex_unlock (&d->lock);
@@ -982,6 +982,26 @@ void
 device_close_conn (struct device *dev)
 {
   atomic_fetch_sub (&dev->open_count, 1);
+  device_put (dev);
+}
+
+struct device *
+device_get_stacked (const char *name)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
+  struct device *dev = lookup_locked (name);
+
+  if (dev) {
+    atomic_fetch_add (&dev->refs, 1);
+    atomic_fetch_add (&dev->stack_holders, 1);
+  }
+  return dev;
+}
+
+void
+device_put_stacked (struct device *dev)
+{
+  atomic_fetch_sub (&dev->stack_holders, 1);
   device_put (dev);
 }
 

@@ -201,8 +201,9 @@ struct device {
   pthread_cond_t cond;
   struct table *inactive;
   _Atomic unsigned open_count;
-  /* Tables naming this device as mapper:NAME (backends/device.c): they
-   * print and persist the name, so rename is refused while > 0.
+  /* Backends stacking on this device (device_get_stacked): while 0, no
+   * table holds it as mapper:NAME, and remove, rename and resume need not
+   * look for one.
    */
   _Atomic unsigned stack_holders;
 
@@ -237,10 +238,6 @@ struct device {
   /* The registry's hash chains (device.c), under devices_lock. */
   struct device *name_next, *uuid_next;
 };
-/* The latest error stamp (flush.c) of dev's live backends and of those
- * its swaps dropped; takes dev->lock.
- */
-uint64_t device_errseq (struct device *dev);
 /* Enter/exit the live table for a request (blocks while suspended).
  * NULL: the request was given up while held (mapper_request_abandoned):
  * fail it with -ESHUTDOWN, without device_exit.
