@@ -54,9 +54,22 @@ void mapper_log_io_req (const char *devname, const struct io_req *req,
  */
 int ioloop_start (struct mapper_err *err);
 void ioloop_stop (void);
-/* Between these, ioloop_submit only queues; _end wakes the loop once. */
-void ioloop_batch_begin (void);
-void ioloop_batch_end (void);
+
+/* plug.c: this thread is issuing a request's clones (io_req_run): from
+ * io_plug_start to io_plug_finish, a submitter that batches may hold
+ * clones back, having registered a callback with io_plug_add_cb, which
+ * io_plug_finish runs.  Plugs nest; every finish runs every callback.
+ */
+struct io_plug_cb {
+  struct io_plug_cb *next;
+  void (*unplug) (struct io_plug_cb *cb);       /* send what was held */
+};
+void io_plug_start (void);
+void io_plug_finish (void);
+/* Register cb on this thread's plug: false if there is none (then send
+ * at once).  A cb is registered at most once per finish.
+ */
+bool io_plug_add_cb (struct io_plug_cb *cb);
 
 /* io.c */
 void io_req_init (struct io_req *req, enum io_op op, uint32_t flags);

@@ -218,16 +218,17 @@ io_req_run (struct io_req *req)
    */
   atomic_store_explicit (&req->pending, req->nr + 1, memory_order_relaxed);
 
-  /* Remote clones first: queued to the I/O loop as one batch with one
-   * wake-up, they are under way while the local ones complete inline.
+  /* Remote clones first: plugged, the I/O loop takes them as one batch
+   * with one wake-up (plug.c), and they are under way while the local
+   * ones complete inline.
    */
-  ioloop_batch_begin ();
+  io_plug_start ();
   for (size_t i = 0; i < req->nr; i++) {
     struct clone *c = &req->clones[i];
     if (c->be->ops->start)
       c->be->ops->submit (c->be, c);
   }
-  ioloop_batch_end ();
+  io_plug_finish ();
   /* Local clones that wait for a device (flush, FUA write): when there
    * are several, all but the last go to the local pool so that they wait
    * side by side; the rest complete inline here.  Only a flush or a FUA
