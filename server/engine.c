@@ -25,30 +25,53 @@ mapper_version (void)
   return PACKAGE_VERSION;
 }
 
+/* The engine's subsystems, in start order; engine_stop stops them in
+ * the reverse order (dm's _inits[] and _exits[]).  Those without a start
+ * make their threads on first use (an idle server costs no thread) and
+ * are stopped all the same.
+ */
+static const struct subsystem {
+  int (*start) (struct mapper_err *err);        /* 0 or -errno, err filled */
+  void (*stop) (void);
+} subsystems[] = {
+  /* Local flushes side by side: from the first request that needs it. */
+  { NULL, localpool_stop },
+  /* The backend kinds' own threads (the NBD host name resolver): they
+   * post to the I/O loop, so they stop after it.
+   */
+  { NULL, backend_kinds_stop },
+  /* The I/O loop owning remote connections: an idle thread until a
+   * table names a remote backend.  Local backends complete inline.
+   */
+  { ioloop_start, ioloop_stop },
+  /* The mirror resync worker: now if a live mirror needs it, else
+   * lazily when one does.  Its copies may go through the I/O loop and
+   * the local pool: it stops first.
+   */
+  { mirror_resync_start, mirror_resync_stop },
+};
+
 int
 engine_start (struct mapper_err *err)
 {
-  int r;
+  size_t i;
+  int r = 0;
 
-  /* The I/O loop owning remote connections (an idle thread until a
-   * table names a remote backend), then the mirror resync worker: now if
-   * a live mirror needs it, else lazily when one does.  Local backends
-   * complete inline.
-   */
-  if ((r = ioloop_start (err)) < 0)
-    return r;
-  if ((r = mirror_resync_start (err)) < 0)
-    ioloop_stop ();
+  for (i = 0; i < ARRAY_SIZE (subsystems); i++)
+    if (subsystems[i].start && (r = subsystems[i].start (err)) < 0)
+      break;
+  /* Undo what was started, not the one that failed. */
+  if (r < 0)
+    while (i-- > 0)
+      subsystems[i].stop ();
   return r;
 }
 
 void
 engine_stop (void)
 {
-  mirror_resync_stop ();
-  ioloop_stop ();
-  backend_kinds_stop ();
-  localpool_stop ();
+  for (size_t i = ARRAY_SIZE (subsystems); i-- > 0; )
+    subsystems[i].stop ();
 }
 
 /* -D mapper.io=1: one line per request showing how it was split. */
