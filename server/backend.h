@@ -89,6 +89,40 @@ struct backend_ops {
   void (*close) (struct backend *be);
 };
 
+/* The flush bookkeeping of one backend, the core's (flush.c, whose
+ * head comment is its specification): in struct backend so that a
+ * completed write reaches it without a pointer, but no backend reads or
+ * writes it.
+ */
+struct backend_flush {
+  /* write_gen advances with completed writes (write, zero, trim
+   * without native FUA); a flush that starts when write_gen is G makes
+   * every write counted in G durable.
+   */
+  _Atomic uint64_t write_gen;
+  /* write_gen as the most recently started flush saw it: a write need
+   * only bump write_gen when it still equals this (read-mostly, so the
+   * hot path does not bounce write_gen's cache line on every write).
+   */
+  _Atomic uint64_t started_gen;
+  pthread_mutex_t lock;         /* protects the fields below */
+  pthread_cond_t cond;          /* a flush finished */
+  bool running;                 /* a flush is running */
+  uint64_t running_gen;         /* write_gen when the running flush began */
+  uint64_t running_seq;         /* its number */
+  uint64_t done_seq;            /* number of the last finished flush */
+  uint64_t failed_seq;          /* number of the last failed flush */
+  uint64_t flushed_gen;         /* covered by the last good flush */
+  uint64_t lost_seq;            /* flushes up to this one were running
+                                   when writes were lost: they fail */
+  uint64_t nr_flushes;          /* flushes sent to the backend */
+  /* The error clock's stamp of the last failed flush or lost write:
+   * observers that sampled the clock before it fail their next flush
+   * once.
+   */
+  _Atomic uint64_t err_seq;
+};
+
 struct backend {
   /* Read-only after open. */
   const struct backend_ops *ops;
@@ -100,35 +134,14 @@ struct backend {
   unsigned refs;
   struct backend *next;
 
-  /* Flush bookkeeping (flush.c).  write_gen advances with completed writes
-   * (write, zero, trim without native FUA); a flush that starts when
-   * write_gen is G makes every write counted in G durable.
-   */
-  _Atomic uint64_t write_gen;
-  /* write_gen as the most recently started flush saw it: a write need
-   * only bump write_gen when it still equals this (read-mostly, so the
-   * hot path does not bounce write_gen's cache line on every write).
-   */
-  _Atomic uint64_t started_gen;
-  pthread_mutex_t flush_lock;   /* protects the fields below */
-  pthread_cond_t flush_cond;    /* a flush finished */
-  bool flush_running;
-  uint64_t running_gen;         /* write_gen when the running flush began */
-  uint64_t running_seq;         /* its number */
-  uint64_t done_seq;            /* number of the last finished flush */
-  uint64_t failed_seq;          /* number of the last failed flush */
-  uint64_t flushed_gen;         /* covered by the last good flush */
-  uint64_t lost_seq;            /* flushes up to this one were running
-                                   when writes were lost: they fail */
-  uint64_t nr_flushes;          /* flushes sent to the backend */
-  /* The error clock's stamp of the last failed flush or lost write
-   * (flush.c): observers that sampled the clock before it fail their
-   * next flush once.
-   */
-  _Atomic uint64_t err_seq;
+  /* The core's (flush.c), never a backend's. */
+  struct backend_flush flush;
 };
 
-/* io.c: c is done, with 0 or -errno; from any thread, exactly once. */
+/* flush.c: c is done, with 0 or -errno; from any thread, exactly once.
+ * The core counts the write or ends the flush on c->be (its flush
+ * bookkeeping), then completes c's part of its request.
+ */
 void clone_done (struct clone *c, int error);
 
 /* flush.c: a connection to the backend dropped: acknowledged writes that

@@ -72,6 +72,13 @@ void io_plug_finish (void);
 bool io_plug_add_cb (struct io_plug_cb *cb);
 
 /* io.c */
+/* The request's side of clone_done (flush.c), after the backend's
+ * bookkeeping: c is done and its request sees seen (0 or -errno); or
+ * c's end_io asked for a retry (CLONE_RETRY): the waiter submits it
+ * again.
+ */
+void io_req_clone_end (struct clone *c, int seen);
+void io_req_clone_retry (struct clone *c);
 void io_req_init (struct io_req *req, enum io_op op, uint32_t flags);
 struct clone *io_req_new_clone (struct io_req *req);
 int io_req_run (struct io_req *req);
@@ -124,11 +131,10 @@ int io_flush_backends_each (struct backend *const *bes, size_t n, int *errs);
  */
 int io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
                             uint64_t seen);
-void flush_note_write (struct clone *c);
-/* Returns the flush's result: error, or -EIO if writes were lost while
- * it ran.
+/* A write-type clone completed on c->be (clone_done, which is in
+ * flush.c: the completion every backend calls keeps its bookkeeping).
  */
-int flush_end (struct backend *be, uint64_t seq, int error);
+void flush_note_write (struct clone *c);
 
 /* backend.c: the registry.  Open (or share) the backend spec names;
  * another reference to one held; drop one (the last closes it).

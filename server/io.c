@@ -149,42 +149,26 @@ futex_wake (_Atomic int *addr)
 }
 
 void
-clone_done (struct clone *c, int error)
+io_req_clone_retry (struct clone *c)
 {
   struct io_req *req = c->req;
-  int seen = error;             /* what the request sees */
 
-  /* A target's hook (mirror) may send the clone again elsewhere, or
-   * decide what the request sees; the backend's bookkeeping below still
-   * records what happened on this backend.
+  /* Hand it to the waiter: push, then change pending (the clone still
+   * holds its count, so req stays alive) so that a futex_wait on the old
+   * value returns.  The waiter takes the extra count back.
    */
-  if (c->end_io) {
-    seen = c->end_io (c, error);
-    if (seen == CLONE_RETRY) {
-      /* Hand it to the waiter: push, then change pending (the clone
-       * still holds its count, so req stays alive) so that a futex_wait
-       * on the old value returns.  The waiter takes the extra count back.
-       */
-      c->retry_next = atomic_load (&req->retry);
-      while (!atomic_compare_exchange_weak (&req->retry, &c->retry_next, c))
-        ;
-      atomic_fetch_add (&req->pending, 1);
-      futex_wake (&req->pending);
-      return;
-    }
-  }
-  switch (c->op) {
-  case IO_WRITE: case IO_ZERO: case IO_TRIM:
-    if (error || !(c->flags & MAPPER_FUA))
-      flush_note_write (c);
-    break;
-  case IO_FLUSH:
-    if (c->seq)
-      seen = flush_end (c->be, c->seq, error);
-    break;
-  case IO_READ:
-    break;
-  }
+  c->retry_next = atomic_load (&req->retry);
+  while (!atomic_compare_exchange_weak (&req->retry, &c->retry_next, c))
+    ;
+  atomic_fetch_add (&req->pending, 1);
+  futex_wake (&req->pending);
+}
+
+void
+io_req_clone_end (struct clone *c, int seen)
+{
+  struct io_req *req = c->req;
+
   if (seen) {
     int expected = 0;
     assert (seen < 0);
