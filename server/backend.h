@@ -39,7 +39,7 @@ struct clone {
   char *buf;
   uint32_t flags;               /* MAPPER_FUA, MAPPER_MAY_TRIM, ... */
   enum io_op op;
-  uint64_t seq;                 /* core: IO_FLUSH: the backend flush's number */
+  uint64_t seq;                 /* core: IO_FLUSH: the backend flush's no. */
   /* core: optional per-target completion hook (io_emit_end_io), see
    * target.h.
    */
@@ -47,7 +47,7 @@ struct clone {
   void *end_io_ctx;
   uint64_t end_io_arg;
   struct clone *retry_next;     /* core: io_req.retry list */
-  struct clone *qnext;          /* core: the I/O loop's or local pool's queue */
+  struct clone *qnext;          /* core: I/O loop's or local pool's queue */
 };
 
 struct backend_ops {
