@@ -51,7 +51,7 @@ struct clone {
 };
 
 struct backend_ops {
-  const char *kind;                       /* "file", "nbd" */
+  const char *kind;             /* "file", "nbd", "device": its kind's name */
   /* Local backends whose flush and FUA writes wait for a device: when a
    * request has several such clones, they run side by side on the local
    * pool (localpool.c) instead of one after the other.
@@ -218,10 +218,5 @@ backend_lower_device (struct backend *be)
  * backends/stacked.c), as the core's messages about stacks spell it.
  */
 #define DEVICE_BACKEND_PREFIX "mapper:"
-
-/* backends/nbd.c: remote NBD servers, keyed by normalised URI. */
-bool nbd_backend_is_uri (const char *spec);
-int nbd_backend_normalize (const char *spec, char **uri,
-                           struct mapper_err *err);
 
 #endif /* NBDMAPPER_BACKEND_H */
