@@ -67,7 +67,7 @@ struct io_plug_cb {
 void io_plug_start (void);
 void io_plug_finish (void);
 /* Register cb on this thread's plug: false if there is none (then send
- * at once).  A cb is registered at most once per finish.
+ * at once).  At most once until the next finish: cb is a list link.
  */
 bool io_plug_add_cb (struct io_plug_cb *cb);
 
