@@ -988,13 +988,10 @@ device_close_conn (struct device *dev)
 struct device *
 device_get_stacked (const char *name)
 {
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&devices_lock);
-  struct device *dev = lookup_locked (name);
+  struct device *dev = device_get (name);
 
-  if (dev) {
-    atomic_fetch_add (&dev->refs, 1);
+  if (dev)
     atomic_fetch_add (&dev->stack_holders, 1);
-  }
   return dev;
 }
 

@@ -26,6 +26,19 @@ void cleanup_free (void *ptr);
   pthread_mutex_lock (_lock_)
 void cleanup_unlock (pthread_mutex_t **m);
 
+/* The value of hex digit c (either case), or -1 (nbdkit's hexdigit.h). */
+static inline int
+hex_digit (int c)
+{
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
 /* util.c */
 uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
 /* A thread that blocks all signals, named NAME; 0 or an errno. */

@@ -30,15 +30,6 @@ nbd_backend_is_uri (const char *spec)
   return false;
 }
 
-static int
-hexval (int c)
-{
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 /* Percent-decode s[0..n) into a new string; NULL on a bad escape. */
 static char *
 decode (const char *s, size_t n)
@@ -54,8 +45,8 @@ decode (const char *s, size_t n)
         free (out);
         return NULL;
       }
-      hi = hexval (s[i + 1]);
-      lo = hexval (s[i + 2]);
+      hi = hex_digit (s[i + 1]);
+      lo = hex_digit (s[i + 2]);
       if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
         free (out);
         return NULL;

@@ -131,15 +131,6 @@ rmw_lock (const struct backend *be, uint64_t be_off)
 
 /* --- constructor ------------------------------------------------------- */
 
-static int
-hex_digit (int c)
-{
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 /* Decode the hex key into cc->key, then overwrite the text (as dm does)
  * whatever happens, so it never lingers in the table's copy.
  */
