@@ -41,9 +41,9 @@ struct clone {
   enum io_op op;
   uint64_t seq;                 /* core: IO_FLUSH: the backend flush's no. */
   /* core: optional per-target completion hook (io_emit_end_io), see
-   * target.h.
+   * target.h's clone_end_io_fn.
    */
-  int (*end_io) (struct clone *c, int error);
+  int (*end_io) (struct clone *c, void *ctx, uint64_t arg, int error);
   void *end_io_ctx;
   uint64_t end_io_arg;
   struct clone *retry_next;     /* core: io_req.retry list */

@@ -44,11 +44,11 @@ static const struct subsystem {
    * table names a remote backend.  Local backends complete inline.
    */
   { ioloop_start, ioloop_stop },
-  /* The mirror resync worker: now if a live mirror needs it, else
-   * lazily when one does.  Its copies may go through the I/O loop and
-   * the local pool: it stops first.
+  /* The target types' threads (the mirror resync worker: now if a
+   * live mirror needs it, else lazily when one does).  Their I/O may go
+   * through the I/O loop and the local pool: they stop first.
    */
-  { mirror_resync_start, mirror_resync_stop },
+  { target_types_start, target_types_stop },
 };
 
 int

@@ -172,7 +172,7 @@ clone_done (struct clone *c, int error)
    * what happened on this backend.
    */
   if (c->end_io) {
-    seen = c->end_io (c, error);
+    seen = c->end_io (c, c->end_io_ctx, c->end_io_arg, error);
     if (seen == CLONE_RETRY) {
       io_req_clone_retry (c);
       return;

@@ -41,10 +41,6 @@ struct io_req {
 bool localpool_submit (struct clone *c);
 void localpool_stop (void);
 
-/* targets/mirror.c: the engine-wide resync worker (engine_start/stop). */
-int mirror_resync_start (struct mapper_err *err);
-void mirror_resync_stop (void);
-
 /* engine.c */
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
@@ -83,27 +79,6 @@ void io_req_init (struct io_req *req, enum io_op op, uint32_t flags);
 struct clone *io_req_new_clone (struct io_req *req);
 int io_req_run (struct io_req *req);
 void io_req_release (struct io_req *req);
-/* For targets that must see or change data on its way (crypt, flakey's
- * corruption): one synchronous sub-request to be, issued and waited for
- * inside map(), so buf may be a bounce buffer reused as soon as this
- * returns.  flags: MAPPER_FUA (emulated where not native).  0 or -errno.
- */
-int io_sync (enum io_op op, struct backend *be, uint64_t offset,
-             uint64_t len, char *buf, uint32_t flags);
-/* CLOCK_MONOTONIC nanoseconds when the request first asked: delay
- * targets measure from it, so the pieces of one request delayed by
- * several targets wait for the longest delay, not the sum.
- */
-uint64_t io_req_start_ns (struct io_req *req);
-
-/* bounce.c: per-thread scratch buffers for transformed data (the
- * client's write buffer is const).  bounce_get returns at least len
- * bytes (4096-aligned), valid until the matching bounce_put; calls nest
- * (a stacked device may transform inside a transform).  NULL if out of
- * memory.
- */
-char *bounce_get (size_t len);
-void bounce_put (char *buf);
 
 /* flush.c */
 void backend_flush_init (struct backend *be);
@@ -202,6 +177,11 @@ int table_flush_hooks (struct table *t, uint32_t flags);
  * dev->lock; device_free before freeing dev.
  */
 void table_bind (struct table *t, struct device *dev);
+/* The target types' start and stop hooks (engine_start/stop): 0 or
+ * -errno with err filled, having stopped those it started.
+ */
+int target_types_start (struct mapper_err *err);
+void target_types_stop (void);
 
 /* device.c */
 struct device {

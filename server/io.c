@@ -82,8 +82,7 @@ io_req_new_clone (struct io_req *req)
 
 int
 io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
-                uint64_t len, char *buf,
-                int (*end_io) (struct clone *c, int error),
+                uint64_t len, char *buf, clone_end_io_fn end_io,
                 void *ctx, uint64_t arg)
 {
   struct clone *c = io_req_new_clone (req);
@@ -127,7 +126,8 @@ io_req_cancel (struct io_req *req)
 {
   for (size_t i = 0; i < req->nr; i++)
     if (req->clones[i].end_io)
-      req->clones[i].end_io (&req->clones[i], -ECANCELED);
+      req->clones[i].end_io (&req->clones[i], req->clones[i].end_io_ctx,
+                             req->clones[i].end_io_arg, -ECANCELED);
 }
 
 enum io_op

@@ -15,9 +15,15 @@
 
 #include "internal.h"
 
+/* The built-in types, from targets.def (the one list of them). */
+#define TARGET(name) extern const struct target_type name##_target;
+#include "targets.def"
+#undef TARGET
+
 static const struct target_type *const target_types[] = {
-  &linear_target, &striped_target, &zero_target, &error_target,
-  &mirror_target, &delay_target, &flakey_target, &crypt_target,
+#define TARGET(name) &name##_target,
+#include "targets.def"
+#undef TARGET
 };
 
 static const struct target_type *
@@ -103,37 +109,6 @@ target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
 {
   if (argc != 0) {
     mapper_err_set (err, "takes no arguments, got %u", argc);
-    return -EINVAL;
-  }
-  return 0;
-}
-
-int
-target_parse_offset (const char *s, uint64_t *bytes, struct mapper_err *err)
-{
-  int r = parse_sectors (s, bytes);
-
-  if (r < 0) {
-    mapper_err_set (err, "offset '%s' %s", s, parse_error_text (r));
-    return -EINVAL;
-  }
-  return 0;
-}
-
-int
-target_count_args (unsigned argc, char **argv, unsigned max,
-                   const char *what, struct mapper_err *err)
-{
-  uint64_t n;
-
-  if (parse_u64 (argv[0], &n) < 0 || n > max) {
-    mapper_err_set (err, "invalid number of %ss '%s' (0 to %u)", what,
-                    argv[0], max);
-    return -EINVAL;
-  }
-  if (n != argc - 1) {
-    mapper_err_set (err, "%" PRIu64 " %s%s declared but %u given", n, what,
-                    n == 1 ? "" : "s", argc - 1);
     return -EINVAL;
   }
   return 0;
@@ -412,12 +387,8 @@ parse_line (struct table *t, uint64_t expect, string_vector *w,
     return -EINVAL;
   }
   r = ti->type->ctr (ti, w->len - 3, &w->ptr[3], err);
-  if (r < 0) {
-    /* Prefix the target's own message with its name. */
-    struct mapper_err e2;
-    mapper_err_set (&e2, "%s: %s", ti->type->name, err->msg);
-    *err = e2;
-  }
+  if (r < 0)
+    mapper_err_prefix (err, "%s", ti->type->name);
   return r;
 }
 
@@ -522,11 +493,7 @@ table_parse (const char *text, const char *origin, struct table **out,
   return 0;
 
  err_line:
-  {
-    struct mapper_err e2;
-    mapper_err_set (&e2, "%s:%zu: %s", origin, lineno, err->msg);
-    *err = e2;
-  }
+  mapper_err_prefix (err, "%s:%zu", origin, lineno);
  err:
   string_vector_reset (&words);
   table_free (t);
@@ -729,23 +696,6 @@ table_nr_backends (const struct table *t)
   return t->backends.len;
 }
 
-/* snprintf into buf+used without overrunning; returns new used. */
-static size_t
-append (char *buf, size_t len, size_t used, const char *fmt, ...)
-  __attribute__ ((format (printf, 4, 5)));
-static size_t
-append (char *buf, size_t len, size_t used, const char *fmt, ...)
-{
-  va_list ap;
-  int n;
-
-  va_start (ap, fmt);
-  n = vsnprintf (used < len ? buf + used : NULL, used < len ? len - used : 0,
-                 fmt, ap);
-  va_end (ap);
-  return used + (n > 0 ? n : 0);
-}
-
 size_t
 table_summary (const struct table *t, char *buf, size_t len)
 {
@@ -758,8 +708,7 @@ table_summary (const struct table *t, char *buf, size_t len)
     for (size_t j = 0; j < t->nr_targets; j++)
       n += t->targets[j].type == target_types[i];
     if (n)
-      used = append (buf, len, used, "%s%zu %s", used ? ", " : "", n,
-                     target_types[i]->name);
+      EMIT ("%s%zu %s", used ? ", " : "", n, target_types[i]->name);
   }
   return used;
 }
@@ -774,16 +723,15 @@ table_print (const struct table *t, enum status_type type, char *buf,
     buf[0] = '\0';
   for (size_t i = 0; i < t->nr_targets; i++) {
     struct target *ti = &t->targets[i];
-    used = append (buf, len, used, "%" PRIu64 " %" PRIu64 " %s",
-                   ti->begin >> MAPPER_SECTOR_SHIFT,
-                   ti->len >> MAPPER_SECTOR_SHIFT, ti->type->name);
+    EMIT ("%" PRIu64 " %" PRIu64 " %s", ti->begin >> MAPPER_SECTOR_SHIFT,
+          ti->len >> MAPPER_SECTOR_SHIFT, ti->type->name);
     if (ti->type->status) {
       size_t n;
-      if (used < len) {
-        buf[used] = used + 1 < len ? ' ' : '\0';
-        n = ti->type->status (ti, type,
-                              used + 1 < len ? buf + used + 1 : NULL,
-                              used + 1 < len ? len - used - 1 : 0);
+      /* The status goes after a space, into an empty string. */
+      if (used + 1 < len) {
+        buf[used] = ' ';
+        buf[used + 1] = '\0';
+        n = ti->type->status (ti, type, buf + used + 1, len - used - 1);
       }
       else
         n = ti->type->status (ti, type, NULL, 0);
@@ -792,7 +740,7 @@ table_print (const struct table *t, enum status_type type, char *buf,
       else if (used < len)
         buf[used] = '\0';
     }
-    used = append (buf, len, used, "\n");
+    EMIT ("\n");
   }
   return used;
 }
@@ -807,6 +755,32 @@ size_t
 table_status (const struct table *t, char *buf, size_t len)
 {
   return table_print (t, STATUSTYPE_INFO, buf, len);
+}
+
+int
+target_types_start (struct mapper_err *err)
+{
+  size_t i;
+  int r = 0;
+
+  for (i = 0; i < ARRAY_SIZE (target_types) && r == 0; i++)
+    if (target_types[i]->start)
+      r = target_types[i]->start (err);
+  if (r < 0) {
+    /* Type i - 1 failed: stop those before it. */
+    for (i--; i-- > 0; )
+      if (target_types[i]->stop)
+        target_types[i]->stop ();
+  }
+  return r;
+}
+
+void
+target_types_stop (void)
+{
+  for (size_t i = ARRAY_SIZE (target_types); i-- > 0; )
+    if (target_types[i]->stop)
+      target_types[i]->stop ();
 }
 
 size_t

@@ -1,6 +1,12 @@
-/* Targets in the device-mapper shape: the constructor parses and validates
- * everything, map() is arithmetic that emits clones pointing into the
- * caller's buffer, status() reprints the constructor line.
+/* The target API: everything a target (server/targets/) sees of the
+ * engine, as dm's targets see <linux/device-mapper.h>.  A target
+ * includes this and "util.h" (the utilities below every layer: macros,
+ * number parsing, request_wait), never internal.h; this header
+ * compiles alone.
+ *
+ * Targets in the device-mapper shape: the constructor parses and
+ * validates everything, map() is arithmetic that emits clones pointing
+ * into the caller's buffer, status() reprints the constructor line.
  */
 #ifndef NBDMAPPER_TARGET_H
 #define NBDMAPPER_TARGET_H
@@ -11,7 +17,9 @@
 
 #include "engine.h"
 
+/* Opaque to targets: reached through the functions below. */
 struct io_req;
+struct clone;
 struct backend;
 struct extent_walk;
 
@@ -35,11 +43,20 @@ _Static_assert (sizeof (struct target) == 64, "struct target: one line");
 
 enum status_type { STATUSTYPE_INFO, STATUSTYPE_TABLE };
 
+/* A clone's completion hook (io_emit_end_io): ctx and arg are the
+ * target's, given back as they were emitted.
+ */
+typedef int (*clone_end_io_fn) (struct clone *c, void *ctx, uint64_t arg,
+                                int error);
+
+/* One target type.  Adding one: its file under server/targets/, a line
+ * in server/targets.def and one in server/Makefile.am.
+ */
 struct target_type {
   const char *name;
   unsigned version[3];
   /* Parse and validate argv; 0 or -errno with err filled (the message
-   * names the argument; the table adds file and line).
+   * names the argument; the table adds target, file and line).
    */
   int (*ctr) (struct target *ti, unsigned argc, char **argv,
               struct mapper_err *err);
@@ -53,8 +70,10 @@ struct target_type {
   /* Extents of [off, off+len) (target-relative), via extent_walk_*. */
   int (*extents) (struct target *ti, struct extent_walk *w, uint64_t off,
                   uint64_t len);
-  /* Print status (INFO) or the constructor arguments (TABLE) into buf;
-   * return bytes needed (snprintf style).
+  /* Print status (INFO) or the constructor arguments (TABLE) into buf
+   * with EMIT; return bytes needed (snprintf style).  buf holds an empty
+   * string on entry (when len > 0), so a status with nothing to say
+   * returns 0.  NULL: never anything to say.
    */
   size_t (*status) (struct target *ti, enum status_type type,
                     char *buf, size_t len);
@@ -95,33 +114,103 @@ struct target_type {
    */
   int (*message) (struct target *ti, unsigned argc, char **argv,
                   char *reply, size_t len, struct mapper_err *err);
+  /* Optional, for the type rather than a target: the engine's threads
+   * start (engine_start, after any fork) and stop (engine_stop), for a
+   * type's own threads (mirror's resync worker).  start: 0 or -errno
+   * with err filled.  stop must be harmless without a start, or after
+   * one that failed: engine_stop calls it whatever happened.
+   */
+  int (*start) (struct mapper_err *err);
+  void (*stop) (void);
 };
 
-/* targets/ */
-extern const struct target_type linear_target;
-extern const struct target_type striped_target;
-extern const struct target_type zero_target;
-extern const struct target_type error_target;
-extern const struct target_type mirror_target;
-extern const struct target_type delay_target;
-extern const struct target_type flakey_target;
-extern const struct target_type crypt_target;
+/* --- constructors --------------------------------------------------- */
 
-/* table.c: for constructors.  Open (or share) the backend named by spec,
- * check that [start, start+len) bytes lies inside it, and register it in
- * the table's backend set.  The table holds the reference.
+/* table.c: open (or share) the backend named by spec, check that
+ * [start, start+len) bytes lies inside it, and register it in the
+ * table's backend set.  The table holds the reference.
  */
 int target_get_backend (struct target *ti, const char *spec,
                         uint64_t start, uint64_t len,
                         struct backend **out, struct mapper_err *err);
 
-/* table.c: for constructors: zeroed memory for the target's private
- * struct (needing at most 8-byte alignment), inside ti itself when it
- * fits, else from malloc.  NULL if out of memory.  Free it with
- * target_private_free (ti, p), which does nothing for the former.
+/* table.c: zeroed memory for the target's private struct (needing at
+ * most 8-byte alignment), inside ti itself when it fits, else from
+ * malloc.  NULL if out of memory.  Free it with target_private_free (ti,
+ * p), which does nothing for the former.
  */
 void *target_private_alloc (struct target *ti, size_t size);
 void target_private_free (struct target *ti, void *p);
+
+/* table.c: the constructor of targets that take no arguments. */
+int target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
+                        struct mapper_err *err);
+
+/* target.c: the argument reader (dm's dm_arg_set, dm_shift_arg,
+ * dm_read_arg, dm_read_arg_group).  A constructor reads its arguments
+ * in order from a target_args set over its argv; the readers fail with
+ * -EINVAL and one message shape for every target.
+ */
+struct target_args {
+  unsigned argc;                /* arguments not read yet */
+  char **argv;
+};
+/* A number argument and its range, for target_read_arg: "invalid NAME
+ * 'TEXT' (UNIT, MIN to MAX)" when it is not a number in the range.
+ */
+struct target_arg {
+  const char *name;             /* "number of stripes", "up interval" */
+  const char *unit;             /* "sectors", "seconds"; NULL: none */
+  uint64_t min, max;
+};
+/* The next argument (consumed), or NULL if none is left. */
+char *target_shift_arg (struct target_args *as);
+/* The next argument as a number in arg's range.  0, or -EINVAL with err
+ * filled; "missing NAME" when none is left.
+ */
+int target_read_arg (const struct target_arg *arg, struct target_args *as,
+                     uint64_t *value, struct mapper_err *err);
+/* The next argument as a sector count (an offset), in bytes.  0, or
+ * -EINVAL with err filled: "NAME 'TEXT' is not a non-negative integer"
+ * (or "overflows ...", parse_error_text).
+ */
+int target_read_sectors (const char *name, struct target_args *as,
+                         uint64_t *bytes, struct mapper_err *err);
+/* A counted group "<#args> <arg>...": the count (min to max) and then
+ * that many arguments, moved from as into group.  what names the
+ * arguments ("feature argument"): "invalid number of feature arguments
+ * 'x' (0 to 11)", "2 feature arguments declared but 1 given".  last: the
+ * group ends the line, so arguments left after it are counted against
+ * the declared number too.  0 or -EINVAL with err filled.
+ */
+int target_read_group (const char *what, unsigned min, unsigned max,
+                       bool last, struct target_args *as,
+                       struct target_args *group, struct mapper_err *err);
+
+/* target.c: put "PREFIX: " (printf style) before err's message (dm's
+ * DM_MSG_PREFIX, for one level of a message: "leg 1", "table:3").
+ */
+void mapper_err_prefix (struct mapper_err *err, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+
+/* --- status --------------------------------------------------------- */
+
+/* target.c: dm's DMEMIT.  Append printf-style output at buf + used,
+ * never past len, and return the new used, counting what did not fit
+ * (snprintf style).  The text so far stays a string.
+ */
+size_t target_emit (char *buf, size_t len, size_t used, const char *fmt,
+                    ...)
+  __attribute__ ((format (printf, 4, 5)));
+/* In a status() whose parameters are buf and len, with a local
+ * size_t used = 0:  EMIT ("%u", n); ...; return used;
+ */
+#define EMIT(...) (used = target_emit (buf, len, used, __VA_ARGS__))
+
+/* target.c: what targets may know of a backend and of their table. */
+const char *backend_name (const struct backend *be);  /* for people */
+/* The table's origin (file name), for log lines. */
+const char *target_origin (const struct target *ti);
 
 /* table.c: for targets: something an administrator waits for happened
  * (a mirror leg failed, resync is complete; dm_table_event).  Logs
@@ -135,24 +224,7 @@ void target_private_free (struct target *ti, void *p);
 void target_event (struct target *ti, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 
-/* table.c: the constructor of targets that take no arguments. */
-int target_ctr_no_args (struct target *ti, unsigned argc, char **argv,
-                        struct mapper_err *err);
-
-/* table.c: for constructors: parse the <offset> argument s (sectors) into
- * bytes; 0, or -EINVAL with err filled ("offset 'x' is not ...").
- */
-int target_parse_offset (const char *s, uint64_t *bytes,
-                         struct mapper_err *err);
-
-/* table.c: for constructors: check a counted group of optional arguments,
- * dm style "<#args> <arg>...": argv[0] (argc >= 1) is a number from 0 to
- * max equal to argc - 1.  0, or -EINVAL with err filled, naming the
- * arguments by what ("feature argument": "2 feature arguments declared
- * but 1 given").
- */
-int target_count_args (unsigned argc, char **argv, unsigned max,
-                       const char *what, struct mapper_err *err);
+/* --- I/O ------------------------------------------------------------ */
 
 /* The client buffer at delta, or NULL for requests that carry none. */
 static inline char *
@@ -165,22 +237,54 @@ buf_at (char *buf, uint64_t delta)
 int io_emit (struct io_req *req, struct backend *be, uint64_t offset,
              uint64_t len, char *buf);
 bool io_req_is_read (const struct io_req *req);
-/* Like io_emit, but clone_done() first calls end_io(c, error) (from
- * whatever thread completes the clone: keep it short, never block).
- * end_io returns the error the request should see (0 or -errno), or
- * CLONE_RETRY after pointing the clone elsewhere (c->be, c->offset; never
- * c->buf, c->len, c->op): the thread waiting for the request then submits
- * it again, so a retry never runs on an I/O loop thread nor nests inside
- * the failed submit.  ctx and arg are the target's.  Never merged with a
- * neighbour.  A clone never submitted (the request failed while being
- * mapped) gets end_io(c, -ECANCELED) and must not be retried then.
+enum io_op io_req_op (const struct io_req *req);
+uint32_t io_req_flags (const struct io_req *req);   /* target.c */
+/* Like io_emit, but clone_done() first calls end_io(c, ctx, arg, error)
+ * (from whatever thread completes the clone: keep it short, never
+ * block).  end_io returns the error the request should see (0 or
+ * -errno), or CLONE_RETRY after pointing the clone elsewhere
+ * (clone_retry): the thread waiting for the request then submits it
+ * again, so a retry never runs on an I/O loop thread nor nests inside
+ * the failed submit.  ctx and arg are the target's.  Never merged with
+ * a neighbour.  A clone never submitted (the request failed while being
+ * mapped) gets end_io(c, ..., -ECANCELED) and must not be retried then.
  */
 #define CLONE_RETRY 1
 int io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
-                    uint64_t len, char *buf,
-                    int (*end_io) (struct clone *c, int error),
+                    uint64_t len, char *buf, clone_end_io_fn end_io,
                     void *ctx, uint64_t arg);
-enum io_op io_req_op (const struct io_req *req);
+/* target.c: for end_io.  Where the clone went (backend coordinates),
+ * and, for CLONE_RETRY, where it goes next (its buffer, length and
+ * operation stay) with the arg its next end_io gets.
+ */
+void clone_range (const struct clone *c, uint64_t *offset, uint64_t *len);
+void clone_retry (struct clone *c, struct backend *be, uint64_t offset,
+                  uint64_t arg);
+/* io.c: for targets that must see or change data on its way (crypt,
+ * flakey's corruption) or that do I/O of their own (mirror's resync):
+ * one synchronous sub-request to be, issued and waited for inside map(),
+ * so buf may be a bounce buffer reused as soon as this returns.  flags:
+ * MAPPER_FUA (emulated where not native).  0 or -errno.
+ */
+int io_sync (enum io_op op, struct backend *be, uint64_t offset,
+             uint64_t len, char *buf, uint32_t flags);
+/* io.c: CLOCK_MONOTONIC nanoseconds when the request first asked: delay
+ * targets measure from it, so the pieces of one request delayed by
+ * several targets wait for the longest delay, not the sum.
+ */
+uint64_t io_req_start_ns (struct io_req *req);
+
+/* bounce.c: per-thread scratch buffers for transformed data (the
+ * client's write buffer is const).  bounce_get returns at least len
+ * bytes (4096-aligned), valid until the matching bounce_put; calls nest
+ * (a stacked device may transform inside a transform).  NULL if out of
+ * memory.
+ */
+char *bounce_get (size_t len);
+void bounce_put (char *buf);
+
+/* --- extents -------------------------------------------------------- */
+
 /* io.c: for extents(); coordinates are target-relative.  Return 0 or
  * -errno; after either, stop when extent_walk_done() says so.  A target
  * reports data (type 0) wherever it cannot tell, never an error: block
@@ -210,9 +314,18 @@ int extent_walk_data (struct extent_walk *w, struct target *ti,
 uint64_t extent_walk_pos (const struct extent_walk *w,
                           const struct target *ti);
 bool extent_walk_done (const struct extent_walk *w);
-/* For targets that query backends themselves (striped): log that be
- * failed (error < 0) or answered nothing (0) for [offset, offset+len),
- * reported as data.
+/* target.c: the client asked for one extent only (NBD_CMD_FLAG_REQ_ONE):
+ * no need to read far ahead.
+ */
+bool extent_walk_req_one (const struct extent_walk *w);
+/* target.c: for targets that query backends themselves (striped): the
+ * backend's extents of [offset, offset+len), backend coordinates,
+ * through fn in ascending, contiguous order.  0 or -errno.
+ */
+int backend_extents (struct backend *be, uint64_t offset, uint64_t len,
+                     bool req_one, mapper_extent_fn fn, void *opaque);
+/* io.c: log that be failed (error < 0) or answered nothing (0) for
+ * [offset, offset+len), reported as data.
  */
 void extent_backend_failed (struct backend *be, uint64_t offset,
                             uint64_t len, int error);

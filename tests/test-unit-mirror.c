@@ -170,10 +170,13 @@ test_ctr (void)
 
   BAD (EINVAL, "expected core", "core");
   BAD (EINVAL, "log type 'disk' is not supported", "disk 1 64 %s", two);
-  BAD (EINVAL, "#log_args 'x' is not", "core x 64 %s", two);
-  BAD (EINVAL, "1 or 2 arguments", "core 0 %s", two);
-  BAD (EINVAL, "1 or 2 arguments", "core 3 64 sync x %s", two);
-  BAD (EINVAL, "#log_args is 2 but only 1 argument follows", "core 2 64");
+  BAD (EINVAL, "invalid number of log arguments 'x' (1 to 2)", "core x 64 %s",
+       two);
+  BAD (EINVAL, "invalid number of log arguments '0' (1 to 2)", "core 0 %s",
+       two);
+  BAD (EINVAL, "invalid number of log arguments '3' (1 to 2)",
+       "core 3 64 sync x %s", two);
+  BAD (EINVAL, "2 log arguments declared but 1 given", "core 2 64");
   BAD (EINVAL, "region size '-1'", "core 1 -1 %s", two);
   BAD (EINVAL, "region size 0 sectors must be a power of two",
        "core 1 0 %s", two);
@@ -184,11 +187,12 @@ test_ctr (void)
   BAD (EINVAL, "larger than the target", "core 1 4096 %s", two);
   BAD (EINVAL, "unrecognised log argument 'fast'", "core 2 64 fast %s", two);
   BAD (EINVAL, "missing <#legs>", "core 2 64 sync");
-  BAD (EINVAL, "a mirror needs 2 to 9 legs, not 1", "core 1 64 1 %s 0", A);
-  BAD (EINVAL, "a mirror needs 2 to 9 legs, not 0", "core 1 64 0");
-  BAD (EINVAL, "a mirror needs 2 to 9 legs, not 10",
+  BAD (EINVAL, "invalid number of legs '1' (2 to 9)", "core 1 64 1 %s 0", A);
+  BAD (EINVAL, "invalid number of legs '0' (2 to 9)", "core 1 64 0");
+  BAD (EINVAL, "invalid number of legs '10' (2 to 9)",
        "core 1 64 10 %s 0 %s 0", A, B);
-  BAD (EINVAL, "#legs 'two' is not", "core 1 64 two %s 0 %s 0", A, B);
+  BAD (EINVAL, "invalid number of legs 'two' (2 to 9)",
+       "core 1 64 two %s 0 %s 0", A, B);
   BAD (EINVAL, "3 legs need 6 <dev> <offset> arguments, got 4",
        "core 1 64 3 %s 0 %s 0", A, B);
   BAD (EINVAL, "2 legs need 4 <dev> <offset> arguments, got 3",
@@ -199,9 +203,10 @@ test_ctr (void)
   BAD (EINVAL, "legs 0 and 1 overlap", "core 1 64 2 %s 0 %s 100", C, C);
   BAD (EINVAL, "unrecognised feature 'foo'", "core 1 64 %s 1 foo", two);
   BAD (EINVAL, "keep_log", "core 1 64 %s 1 keep_log", two);
-  BAD (EINVAL, "#features is 2 but 1 argument follows",
+  BAD (EINVAL, "2 feature arguments declared but 1 given",
        "core 1 64 %s 2 handle_errors", two);
-  BAD (EINVAL, "#features 'x'", "core 1 64 %s x handle_errors", two);
+  BAD (EINVAL, "invalid number of feature arguments 'x'",
+       "core 1 64 %s x handle_errors", two);
   BAD (EINVAL, "too many arguments: 'extra'",
        "core 1 64 %s 1 handle_errors extra", two);
   BAD (EINVAL, "too many arguments: '0'", "core 1 64 %s 0 0", two);

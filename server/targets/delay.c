@@ -27,14 +27,22 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "internal.h"
+#include "target.h"
+#include "util.h"
 
 enum { CLASS_READ, CLASS_WRITE, CLASS_FLUSH, NR_CLASSES };
-static const char *const class_name[NR_CLASSES] = { "", "write ", "flush " };
+/* The arguments of each class, as messages name them. */
+static const char *const class_offset[NR_CLASSES] = {
+  "offset", "write offset", "flush offset",
+};
+static const struct target_arg class_delay[NR_CLASSES] = {
+  { "delay", "milliseconds", 0, UINT32_MAX },
+  { "write delay", "milliseconds", 0, UINT32_MAX },
+  { "flush delay", "milliseconds", 0, UINT32_MAX },
+};
 
 struct delay_class {
   /* Read-only after ctr. */
@@ -53,26 +61,21 @@ struct delay {
   unsigned waiting[NR_CLASSES]; /* requests waiting now (status) */
 };
 
+/* <dev> <offset> <delay_ms> of class cls, from as. */
 static int
-delay_class_ctr (struct target *ti, struct delay_class *c, char **argv,
-                 unsigned cls, struct mapper_err *err)
+delay_class_ctr (struct target *ti, struct delay_class *c,
+                 struct target_args *as, unsigned cls,
+                 struct mapper_err *err)
 {
+  const char *dev = target_shift_arg (as);
   uint64_t ms;
   int r;
 
-  if ((r = parse_sectors (argv[1], &c->start)) < 0) {
-    mapper_err_set (err, "%soffset '%s' %s", class_name[cls], argv[1],
-                    parse_error_text (r));
-    return -EINVAL;
-  }
-  if (parse_u64 (argv[2], &ms) < 0 || ms > UINT32_MAX) {
-    mapper_err_set (err, "%sdelay '%s' is not a number of milliseconds "
-                    "(0 to %" PRIu32 ")", class_name[cls], argv[2],
-                    UINT32_MAX);
-    return -EINVAL;
-  }
+  if ((r = target_read_sectors (class_offset[cls], as, &c->start, err)) < 0 ||
+      (r = target_read_arg (&class_delay[cls], as, &ms, err)) < 0)
+    return r;
   c->delay_ms = ms;
-  return target_get_backend (ti, argv[0], c->start, ti->len, &c->be, err);
+  return target_get_backend (ti, dev, c->start, ti->len, &c->be, err);
 }
 
 static int
@@ -100,7 +103,9 @@ delay_ctr (struct target *ti, unsigned argc, char **argv,
   for (unsigned cls = 0; cls < NR_CLASSES; cls++) {
     /* Missing classes repeat the last one given. */
     unsigned set = cls * 3 < argc ? cls : argc / 3 - 1;
-    r = delay_class_ctr (ti, &dc->class[cls], &argv[set * 3], cls, err);
+    struct target_args as = { 3, &argv[set * 3] };
+
+    r = delay_class_ctr (ti, &dc->class[cls], &as, cls, err);
     if (r < 0) {
       free (dc);
       return r;
@@ -208,23 +213,19 @@ delay_status (struct target *ti, enum status_type type, char *buf,
   struct delay *dc = ti->private;
   size_t used = 0;
 
-#define APPEND(...) \
-  used += snprintf (used < len ? buf + used : NULL, \
-                    used < len ? len - used : 0, __VA_ARGS__)
   if (type == STATUSTYPE_INFO) {
     /* dm: the requests of each class being delayed now. */
     ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dc->lock);
-    APPEND ("%u %u %u", dc->waiting[CLASS_READ], dc->waiting[CLASS_WRITE],
-            dc->waiting[CLASS_FLUSH]);
+    EMIT ("%u %u %u", dc->waiting[CLASS_READ], dc->waiting[CLASS_WRITE],
+          dc->waiting[CLASS_FLUSH]);
   }
   else {
     for (unsigned cls = 0; cls < dc->argc / 3; cls++) {
       const struct delay_class *c = &dc->class[cls];
-      APPEND ("%s%s %" PRIu64 " %" PRIu32, cls ? " " : "", c->be->name,
-              c->start >> MAPPER_SECTOR_SHIFT, c->delay_ms);
+      EMIT ("%s%s %" PRIu64 " %" PRIu32, cls ? " " : "", backend_name (c->be),
+            c->start >> MAPPER_SECTOR_SHIFT, c->delay_ms);
     }
   }
-#undef APPEND
   return used;
 }
 

@@ -2,9 +2,8 @@
 #include <config.h>
 
 #include <errno.h>
-#include <stdio.h>
 
-#include "internal.h"
+#include "target.h"
 
 static int
 error_map (struct target *ti, struct io_req *req, uint64_t off,
@@ -24,18 +23,10 @@ error_extents (struct target *ti, struct extent_walk *w, uint64_t off,
   return extent_walk_add (w, ti, off, len, 0);
 }
 
-static size_t
-error_status (struct target *ti, enum status_type type, char *buf,
-              size_t len)
-{
-  return snprintf (buf, len, "%s", "");
-}
-
 const struct target_type error_target = {
   .name = "error",
   .version = { 1, 6, 0 },
   .ctr = target_ctr_no_args,
   .map = error_map,
   .extents = error_extents,
-  .status = error_status,
 };

@@ -28,12 +28,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "internal.h"
+#include "target.h"
+#include "util.h"
 
 #define ERROR_READS  0x1
 #define DROP_WRITES  0x2
@@ -58,17 +58,18 @@ struct flakey {
   uint32_t corrupt_flags;
 };
 
-/* Parse a 32-bit decimal within [min, max]. */
-static int
-parse_u32 (const char *s, uint32_t min, uint32_t max, uint32_t *out)
-{
-  uint64_t v;
-
-  if (parse_u64 (s, &v) < 0 || v < min || v > max)
-    return -EINVAL;
-  *out = v;
-  return 0;
-}
+/* The numbers, as messages name them. */
+static const struct target_arg up_arg = {
+  "up interval", "seconds", 0, UINT32_MAX,
+};
+static const struct target_arg down_arg = {
+  "down interval", "seconds", 0, UINT32_MAX,
+};
+static const struct target_arg byte_arg = { "byte number", NULL, 1,
+                                            UINT32_MAX };
+static const struct target_arg value_arg = { "value", NULL, 0, 255 };
+static const struct target_arg flags_arg = { "flags mask", NULL, 0,
+                                             UINT32_MAX };
 
 /* The features that set a flag, and the one each excludes; in dm's
  * order, which status follows.
@@ -109,75 +110,74 @@ flakey_flag_feature (struct flakey *fc, const struct flag_feature *ff,
   return 0;
 }
 
-/* corrupt_bio_byte <Nth_byte> <r|w> <value> <flags>: argv holds the argc
- * arguments after the feature's name.
+/* corrupt_bio_byte <Nth_byte> <r|w> <value> <flags>, from the feature
+ * arguments after its name.
  */
 static int
-flakey_corrupt_feature (struct flakey *fc, unsigned argc, char **argv,
+flakey_corrupt_feature (struct flakey *fc, struct target_args *as,
                         struct mapper_err *err)
 {
-  uint32_t value;
+  uint64_t byte, value, flags;
+  const char *dir;
+  int r;
 
   if (fc->corrupt_byte) {
     mapper_err_set (err, "feature corrupt_bio_byte duplicated");
     return -EINVAL;
   }
-  if (argc < 4) {
+  if (as->argc < 4) {
     mapper_err_set (err, "feature corrupt_bio_byte requires 4 "
                     "parameters <Nth_byte> <r|w> <value> <flags>");
     return -EINVAL;
   }
-  if (parse_u32 (argv[0], 1, UINT32_MAX, &fc->corrupt_byte) < 0) {
-    mapper_err_set (err, "corrupt_bio_byte: invalid byte number '%s' "
-                    "(1 to %" PRIu32 ")", argv[0], UINT32_MAX);
-    return -EINVAL;
-  }
-  if (strcasecmp (argv[1], "w") == 0)
+  if ((r = target_read_arg (&byte_arg, as, &byte, err)) < 0)
+    goto err;
+  dir = target_shift_arg (as);
+  if (strcasecmp (dir, "w") == 0)
     fc->corrupt_write = true;
-  else if (strcasecmp (argv[1], "r") != 0) {
-    mapper_err_set (err, "corrupt_bio_byte: invalid direction '%s' "
-                    "(r or w)", argv[1]);
-    return -EINVAL;
+  else if (strcasecmp (dir, "r") != 0) {
+    mapper_err_set (err, "invalid direction '%s' (r or w)", dir);
+    r = -EINVAL;
+    goto err;
   }
-  if (parse_u32 (argv[2], 0, 255, &value) < 0) {
-    mapper_err_set (err, "corrupt_bio_byte: invalid value '%s' (0 to "
-                    "255)", argv[2]);
-    return -EINVAL;
-  }
+  if ((r = target_read_arg (&value_arg, as, &value, err)) < 0 ||
+      (r = target_read_arg (&flags_arg, as, &flags, err)) < 0)
+    goto err;
+  fc->corrupt_byte = byte;
   fc->corrupt_value = value;
-  if (parse_u32 (argv[3], 0, UINT32_MAX, &fc->corrupt_flags) < 0) {
-    mapper_err_set (err, "corrupt_bio_byte: invalid flags mask '%s' "
-                    "(0 to %" PRIu32 ")", argv[3], UINT32_MAX);
-    return -EINVAL;
-  }
+  fc->corrupt_flags = flags;
   return 0;
+
+ err:
+  mapper_err_prefix (err, "corrupt_bio_byte");
+  return r;
 }
 
 static int
-flakey_features (struct flakey *fc, unsigned argc, char **argv,
+flakey_features (struct flakey *fc, struct target_args *as,
                  struct mapper_err *err)
 {
-  unsigned i, clash;
+  struct target_args features;
+  const char *name;
+  unsigned clash;
   int r;
 
-  if (argc == 0)
+  if (as->argc == 0)
     goto error_all_io;
-  r = target_count_args (argc, argv, MAX_FEATURE_ARGS, "feature argument",
-                         err);
+  r = target_read_group ("feature argument", 0, MAX_FEATURE_ARGS, true, as,
+                         &features, err);
   if (r < 0)
     return r;
-  for (i = 1; i < argc; i++) {
-    const struct flag_feature *ff = flag_feature_find (argv[i], 0);
+  while ((name = target_shift_arg (&features)) != NULL) {
+    const struct flag_feature *ff = flag_feature_find (name, 0);
 
     if (ff)
       r = flakey_flag_feature (fc, ff, err);
-    else if (strcasecmp (argv[i], "corrupt_bio_byte") == 0) {
-      r = flakey_corrupt_feature (fc, argc - 1 - i, &argv[i + 1], err);
-      i += 4;
-    }
+    else if (strcasecmp (name, "corrupt_bio_byte") == 0)
+      r = flakey_corrupt_feature (fc, &features, err);
     else {
       mapper_err_set (err, "unknown feature '%s' (error_reads, drop_writes, "
-                      "error_writes, corrupt_bio_byte)", argv[i]);
+                      "error_writes, corrupt_bio_byte)", name);
       r = -EINVAL;
     }
     if (r < 0)
@@ -206,8 +206,10 @@ static int
 flakey_ctr (struct target *ti, unsigned argc, char **argv,
             struct mapper_err *err)
 {
+  struct target_args as = { argc, argv };
   struct flakey *fc;
-  uint64_t total;
+  const char *dev;
+  uint64_t up, down;
   int r;
 
   if (argc < 4) {
@@ -222,36 +224,28 @@ flakey_ctr (struct target *ti, unsigned argc, char **argv,
     return -ENOMEM;
   }
   fc->born_ns = monotonic_ns ();
-  if ((r = target_parse_offset (argv[1], &fc->start, err)) < 0)
+  dev = target_shift_arg (&as);
+  if ((r = target_read_sectors ("offset", &as, &fc->start, err)) < 0 ||
+      (r = target_read_arg (&up_arg, &as, &up, err)) < 0 ||
+      (r = target_read_arg (&down_arg, &as, &down, err)) < 0)
     goto err;
-  if (parse_u32 (argv[2], 0, UINT32_MAX, &fc->up) < 0) {
-    mapper_err_set (err, "invalid up interval '%s' (seconds, 0 to %" PRIu32
-                    ")", argv[2], UINT32_MAX);
-    r = -EINVAL;
-    goto err;
-  }
-  if (parse_u32 (argv[3], 0, UINT32_MAX, &fc->down) < 0) {
-    mapper_err_set (err, "invalid down interval '%s' (seconds, 0 to %"
-                    PRIu32 ")", argv[3], UINT32_MAX);
-    r = -EINVAL;
-    goto err;
-  }
-  total = (uint64_t) fc->up + fc->down;
-  if (total == 0) {
+  fc->up = up;
+  fc->down = down;
+  if (up + down == 0) {
     mapper_err_set (err, "total (up + down) interval is zero");
     r = -EINVAL;
     goto err;
   }
-  if (total > UINT32_MAX) {
+  if (up + down > UINT32_MAX) {
     mapper_err_set (err, "interval overflow: up %" PRIu32 " + down %" PRIu32
                     " seconds exceeds %" PRIu32, fc->up, fc->down,
                     UINT32_MAX);
     r = -EINVAL;
     goto err;
   }
-  if ((r = flakey_features (fc, argc - 4, &argv[4], err)) < 0)
+  if ((r = flakey_features (fc, &as, err)) < 0)
     goto err;
-  r = target_get_backend (ti, argv[0], fc->start, ti->len, &fc->be, err);
+  r = target_get_backend (ti, dev, fc->start, ti->len, &fc->be, err);
   if (r < 0)
     goto err;
   ti->private = fc;
@@ -281,9 +275,9 @@ corrupt_matches (const struct flakey *fc, const struct io_req *req)
 {
   uint32_t opf = 0;
 
-  if (req->op != IO_READ)
+  if (!io_req_is_read (req))
     opf |= KERNEL_REQ_OP_WRITE;
-  if (req->flags & MAPPER_FUA)
+  if (io_req_flags (req) & MAPPER_FUA)
     opf |= KERNEL_REQ_FUA;
   return (opf & fc->corrupt_flags) == fc->corrupt_flags;
 }
@@ -408,23 +402,19 @@ flakey_status (struct target *ti, enum status_type type, char *buf,
   unsigned nr;
   size_t used = 0;
 
-#define APPEND(...) \
-  used += snprintf (used < len ? buf + used : NULL, \
-                    used < len ? len - used : 0, __VA_ARGS__)
   if (type == STATUSTYPE_INFO)
-    return snprintf (buf, len, "%s", "");
+    return 0;
   /* dm's order: the flag features in flag_features' order, corrupt. */
   nr = __builtin_popcount (fc->flags) + (fc->corrupt_byte ? 5 : 0);
-  APPEND ("%s %" PRIu64 " %" PRIu32 " %" PRIu32 " %u", fc->be->name,
-          fc->start >> MAPPER_SECTOR_SHIFT, fc->up, fc->down, nr);
+  EMIT ("%s %" PRIu64 " %" PRIu32 " %" PRIu32 " %u", backend_name (fc->be),
+        fc->start >> MAPPER_SECTOR_SHIFT, fc->up, fc->down, nr);
   for (size_t i = 0; i < ARRAY_SIZE (flag_features); i++)
     if (fc->flags & flag_features[i].flag)
-      APPEND (" %s", flag_features[i].name);
+      EMIT (" %s", flag_features[i].name);
   if (fc->corrupt_byte)
-    APPEND (" corrupt_bio_byte %" PRIu32 " %c %u %" PRIu32, fc->corrupt_byte,
-            fc->corrupt_write ? 'w' : 'r', fc->corrupt_value,
-            fc->corrupt_flags);
-#undef APPEND
+    EMIT (" corrupt_bio_byte %" PRIu32 " %c %u %" PRIu32, fc->corrupt_byte,
+          fc->corrupt_write ? 'w' : 'r', fc->corrupt_value,
+          fc->corrupt_flags);
   return used;
 }
 

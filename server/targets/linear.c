@@ -3,10 +3,8 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
 
-#include "internal.h"
+#include "target.h"
 
 struct linear {
   struct backend *be;
@@ -17,7 +15,9 @@ static int
 linear_ctr (struct target *ti, unsigned argc, char **argv,
             struct mapper_err *err)
 {
+  struct target_args as = { argc, argv };
   struct linear *lc;
+  const char *dev;
   uint64_t start;
   int r;
 
@@ -25,7 +25,8 @@ linear_ctr (struct target *ti, unsigned argc, char **argv,
     mapper_err_set (err, "expected 2 arguments <dev> <offset>, got %u", argc);
     return -EINVAL;
   }
-  if ((r = target_parse_offset (argv[1], &start, err)) < 0)
+  dev = target_shift_arg (&as);
+  if ((r = target_read_sectors ("offset", &as, &start, err)) < 0)
     return r;
   lc = target_private_alloc (ti, sizeof *lc);
   if (lc == NULL) {
@@ -33,7 +34,7 @@ linear_ctr (struct target *ti, unsigned argc, char **argv,
     return -ENOMEM;
   }
   lc->start = start;
-  r = target_get_backend (ti, argv[0], start, ti->len, &lc->be, err);
+  r = target_get_backend (ti, dev, start, ti->len, &lc->be, err);
   if (r < 0) {
     target_private_free (ti, lc);
     return r;
@@ -71,11 +72,12 @@ linear_status (struct target *ti, enum status_type type, char *buf,
                size_t len)
 {
   struct linear *lc = ti->private;
+  size_t used = 0;
 
-  if (type == STATUSTYPE_INFO)
-    return snprintf (buf, len, "%s", "");
-  return snprintf (buf, len, "%s %" PRIu64, lc->be->name,
-                   lc->start >> MAPPER_SECTOR_SHIFT);
+  if (type == STATUSTYPE_TABLE)
+    EMIT ("%s %" PRIu64, backend_name (lc->be),
+          lc->start >> MAPPER_SECTOR_SHIFT);
+  return used;
 }
 
 static int

@@ -8,10 +8,10 @@
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "target.h"
+#include "util.h"
 
 struct stripe {
   struct backend *be;
@@ -33,11 +33,17 @@ ilog2_or_minus1 (uint64_t x)
   return IS_POWER_OF_2 (x) ? __builtin_ctzll (x) : -1;
 }
 
+static const struct target_arg nr_arg = { "number of stripes", NULL, 1,
+                                          UINT32_MAX };
+static const struct target_arg chunk_arg = { "chunk size", "sectors", 1,
+                                             UINT32_MAX };
+
 static int
 striped_ctr (struct target *ti, unsigned argc, char **argv,
              struct mapper_err *err)
 {
   uint64_t nr, chunk_sectors, sectors = ti->len >> MAPPER_SECTOR_SHIFT;
+  struct target_args as = { argc, argv };
   struct striped *sc;
   int r;
 
@@ -47,17 +53,9 @@ striped_ctr (struct target *ti, unsigned argc, char **argv,
                     argc, argc == 1 ? "" : "s");
     return -EINVAL;
   }
-  if ((r = parse_u64 (argv[0], &nr)) < 0 || nr == 0 || nr > UINT32_MAX) {
-    mapper_err_set (err, "invalid number of stripes '%s' (must be 1 to %"
-                    PRIu32 ")", argv[0], UINT32_MAX);
-    return -EINVAL;
-  }
-  if ((r = parse_u64 (argv[1], &chunk_sectors)) < 0 || chunk_sectors == 0 ||
-      chunk_sectors > UINT32_MAX) {
-    mapper_err_set (err, "invalid chunk size '%s' (sectors, must be 1 to %"
-                    PRIu32 ")", argv[1], UINT32_MAX);
-    return -EINVAL;
-  }
+  if ((r = target_read_arg (&nr_arg, &as, &nr, err)) < 0 ||
+      (r = target_read_arg (&chunk_arg, &as, &chunk_sectors, err)) < 0)
+    return r;
   if (argc != 2 + 2 * nr) {
     mapper_err_set (err, "%" PRIu64 " stripes need %" PRIu64
                     " arguments, got %u", nr, 2 + 2 * nr, argc);
@@ -85,14 +83,13 @@ striped_ctr (struct target *ti, unsigned argc, char **argv,
   sc->chunk_shift = ilog2_or_minus1 (sc->chunk);
   sc->stripe_len = ti->len / nr;
   for (uint32_t i = 0; i < nr; i++) {
-    const char *dev = argv[2 + 2 * i], *off = argv[3 + 2 * i];
+    const char *dev = target_shift_arg (&as);
     struct stripe *s = &sc->stripes[i];
 
-    if ((r = parse_sectors (off, &s->start)) < 0) {
-      mapper_err_set (err, "stripe %" PRIu32 ": offset '%s' %s", i, off,
-                      parse_error_text (r));
+    if ((r = target_read_sectors ("offset", &as, &s->start, err)) < 0) {
+      mapper_err_prefix (err, "stripe %" PRIu32, i);
       free (sc);
-      return -EINVAL;
+      return r;
     }
     r = target_get_backend (ti, dev, s->start, sc->stripe_len, &s->be, err);
     if (r < 0) {
@@ -111,6 +108,31 @@ striped_dtr (struct target *ti)
   free (ti->private);
 }
 
+/* Stripe, row and offset in the chunk of target offset off. */
+static inline void
+striped_split (const struct striped *sc, uint64_t off, uint32_t *stripe,
+               uint64_t *row, uint64_t *in_chunk)
+{
+  uint64_t chunk_nr;
+
+  if (sc->chunk_shift >= 0) {
+    chunk_nr = off >> sc->chunk_shift;
+    *in_chunk = off & (sc->chunk - 1);
+  }
+  else {
+    chunk_nr = off / sc->chunk;
+    *in_chunk = off % sc->chunk;
+  }
+  if (sc->nr_shift >= 0) {
+    *stripe = chunk_nr & (sc->nr - 1);
+    *row = chunk_nr >> sc->nr_shift;
+  }
+  else {
+    *stripe = chunk_nr % sc->nr;
+    *row = chunk_nr / sc->nr;
+  }
+}
+
 /* Where target-relative byte off lands: stripe index and backend offset;
  * returns the bytes left in that chunk.
  */
@@ -118,24 +140,9 @@ static inline uint64_t
 striped_locate (const struct striped *sc, uint64_t off, uint32_t *stripe,
                 uint64_t *be_off)
 {
-  uint64_t chunk_nr, in_chunk, row;
+  uint64_t row, in_chunk;
 
-  if (sc->chunk_shift >= 0) {
-    chunk_nr = off >> sc->chunk_shift;
-    in_chunk = off & (sc->chunk - 1);
-  }
-  else {
-    chunk_nr = off / sc->chunk;
-    in_chunk = off % sc->chunk;
-  }
-  if (sc->nr_shift >= 0) {
-    *stripe = chunk_nr & (sc->nr - 1);
-    row = chunk_nr >> sc->nr_shift;
-  }
-  else {
-    *stripe = chunk_nr % sc->nr;
-    row = chunk_nr / sc->nr;
-  }
+  striped_split (sc, off, stripe, &row, &in_chunk);
   *be_off = sc->stripes[*stripe].start + row * sc->chunk + in_chunk;
   return sc->chunk - in_chunk;
 }
@@ -209,31 +216,6 @@ struct striped_merge {
   uint32_t end_stripe;          /* where its last byte lies */
   uint64_t end_row, end_in;
 };
-
-/* Stripe, row and offset in the chunk of target offset off. */
-static inline void
-striped_split (const struct striped *sc, uint64_t off, uint32_t *stripe,
-               uint64_t *row, uint64_t *in_chunk)
-{
-  uint64_t chunk_nr;
-
-  if (sc->chunk_shift >= 0) {
-    chunk_nr = off >> sc->chunk_shift;
-    *in_chunk = off & (sc->chunk - 1);
-  }
-  else {
-    chunk_nr = off / sc->chunk;
-    *in_chunk = off % sc->chunk;
-  }
-  if (sc->nr_shift >= 0) {
-    *stripe = chunk_nr & (sc->nr - 1);
-    *row = chunk_nr >> sc->nr_shift;
-  }
-  else {
-    *stripe = chunk_nr % sc->nr;
-    *row = chunk_nr / sc->nr;
-  }
-}
 
 /* The target offset of stripe-relative offset q of stripe j. */
 static inline uint64_t
@@ -315,8 +297,8 @@ striped_cursor_at (struct striped_merge *mg, uint32_t j, uint64_t q)
 
     assert (q < need);
     c->i = c->n = 0;
-    r = s->be->ops->extents (s->be, s->start + q, need - q, false,
-                             striped_fill_cb, &f);
+    r = backend_extents (s->be, s->start + q, need - q, false,
+                         striped_fill_cb, &f);
     if (r < 0 || c->n == 0) {
       /* Data from where it stopped answering to the end of our part
        * (a full window gives up its last entry for that).
@@ -463,7 +445,7 @@ striped_extents (struct target *ti, struct extent_walk *w, uint64_t off,
     unsigned window = STRIPED_STACK_EXTENTS / sc->nr;
 
     /* One extent wanted: no need to read far ahead. */
-    if (w->req_one)
+    if (extent_walk_req_one (w))
       window = MIN (window, 2);
     return striped_extents_merged (ti, w, off, len, cur, ext, window);
   }
@@ -489,30 +471,24 @@ striped_status (struct target *ti, enum status_type type, char *buf,
                 size_t len)
 {
   struct striped *sc = ti->private;
-  size_t used;
+  size_t used = 0;
   uint32_t i;
 
-#define APPEND(...) \
-  used += snprintf (used < len ? buf + used : NULL, \
-                    used < len ? len - used : 0, __VA_ARGS__)
-  used = 0;
   if (type == STATUSTYPE_INFO) {
     /* dm: <#stripes> <devs...> 1 <A per healthy stripe> */
-    APPEND ("%" PRIu32, sc->nr);
+    EMIT ("%" PRIu32, sc->nr);
     for (i = 0; i < sc->nr; i++)
-      APPEND (" %s", sc->stripes[i].be->name);
-    APPEND (" 1 ");
+      EMIT (" %s", backend_name (sc->stripes[i].be));
+    EMIT (" 1 ");
     for (i = 0; i < sc->nr; i++)
-      APPEND ("A");
+      EMIT ("A");
   }
   else {
-    APPEND ("%" PRIu32 " %" PRIu64, sc->nr,
-            sc->chunk >> MAPPER_SECTOR_SHIFT);
+    EMIT ("%" PRIu32 " %" PRIu64, sc->nr, sc->chunk >> MAPPER_SECTOR_SHIFT);
     for (i = 0; i < sc->nr; i++)
-      APPEND (" %s %" PRIu64, sc->stripes[i].be->name,
-              sc->stripes[i].start >> MAPPER_SECTOR_SHIFT);
+      EMIT (" %s %" PRIu64, backend_name (sc->stripes[i].be),
+            sc->stripes[i].start >> MAPPER_SECTOR_SHIFT);
   }
-#undef APPEND
   return used;
 }
 

@@ -2,10 +2,9 @@
 #include <config.h>
 
 #include <errno.h>
-#include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "target.h"
 
 static int
 zero_map (struct target *ti, struct io_req *req, uint64_t off,
@@ -24,17 +23,10 @@ zero_extents (struct target *ti, struct extent_walk *w, uint64_t off,
                           MAPPER_EXTENT_HOLE | MAPPER_EXTENT_ZERO);
 }
 
-static size_t
-zero_status (struct target *ti, enum status_type type, char *buf, size_t len)
-{
-  return snprintf (buf, len, "%s", "");
-}
-
 const struct target_type zero_target = {
   .name = "zero",
   .version = { 1, 2, 0 },
   .ctr = target_ctr_no_args,
   .map = zero_map,
   .extents = zero_extents,
-  .status = zero_status,
 };

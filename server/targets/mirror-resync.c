@@ -1,0 +1,345 @@
+/* The mirror target's resync (mirror.h): one engine-wide worker thread
+ * copying out-of-sync regions from leg 0 to the other legs while their
+ * tables are live, and the fence that keeps writes off the region being
+ * copied.  dm-raid1 gives this to dm-region-hash and dm-kcopyd.
+ *
+ * With "sync" (or no sync argument, as dm's core log) every region
+ * starts out of sync and the worker copies leg 0 to the other legs
+ * region by region, round robin between mirrors, backing off when
+ * foreground I/O is seen.  The one region being copied is fenced off
+ * from writes by two per-epoch writer counters (mirror_write_enter), so
+ * once resync is over the write path touches no shared counter at all.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "target.h"
+#include "util.h"
+#include "mirror.h"
+
+#define COPY_CHUNK (1024 * 1024)   /* resync I/O size */
+#define THROTTLE_NS (20 * 1000 * 1000)  /* pause after a busy region */
+
+/* --- the engine-wide worker --------------------------------------------- */
+
+/* One thread for every mirror of every device, running only while some
+ * live mirror has regions to copy (and the engine is started: nbdkit may
+ * fork after tables are loaded).  resync_lock protects everything here
+ * and each mirror's live/queued/next/next_region.
+ */
+static pthread_mutex_t resync_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t resync_cond = PTHREAD_COND_INITIALIZER;
+static struct mirror *resync_list;      /* FIFO, head copied next */
+static struct mirror *resync_current;   /* being copied (lock dropped) */
+static bool engine_running;
+static bool worker_running;             /* thread exists, not yet joined */
+static bool worker_exiting;             /* it has left its loop */
+static pthread_t worker_thread;
+
+static void *resync_worker (void *arg);
+
+/* Start (or restart) the worker if there is work; resync_lock held. */
+static int
+kick_worker_locked (void)
+{
+  int e;
+
+  if (!engine_running || resync_list == NULL)
+    return 0;
+  if (worker_running && !worker_exiting) {
+    pthread_cond_broadcast (&resync_cond);
+    return 0;
+  }
+  if (worker_running) {
+    /* It is on its way out and needs no lock to finish. */
+    pthread_join (worker_thread, NULL);
+    worker_running = false;
+  }
+  e = mapper_thread_create (&worker_thread, resync_worker, "mapper-resync");
+  if (e != 0)
+    return -e;
+  worker_running = true;
+  worker_exiting = false;
+  return 0;
+}
+
+static void
+enqueue_locked (struct mirror *m)
+{
+  struct mirror **p;
+
+  if (m->queued || !m->live || atomic_load (&m->all_in_sync) ||
+      atomic_load (&m->resync_failed))
+    return;
+  for (p = &resync_list; *p; p = &(*p)->next)
+    ;
+  m->next = NULL;
+  *p = m;
+  m->queued = true;
+}
+
+static void
+dequeue_locked (struct mirror *m)
+{
+  struct mirror **p;
+
+  if (!m->queued)
+    return;
+  for (p = &resync_list; *p != m; p = &(*p)->next)
+    ;
+  *p = m->next;
+  m->queued = false;
+}
+
+int
+mirror_resync_start (struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&resync_lock);
+  int r;
+
+  engine_running = true;
+  r = kick_worker_locked ();
+  if (r < 0)
+    mapper_err_set (err, "mirror: cannot start the resync thread: %s",
+                    strerror (-r));
+  return r;
+}
+
+void
+mirror_resync_stop (void)
+{
+  bool join;
+
+  pthread_mutex_lock (&resync_lock);
+  engine_running = false;
+  pthread_cond_broadcast (&resync_cond);
+  join = worker_running;
+  worker_running = false;
+  pthread_mutex_unlock (&resync_lock);
+  if (join)
+    pthread_join (worker_thread, NULL);
+}
+
+static void
+sleep_ns (long ns)
+{
+  struct timespec ts = { .tv_sec = 0, .tv_nsec = ns };
+  nanosleep (&ts, NULL);
+}
+
+/* Copy one region from leg 0 to the other healthy legs, with writes to it
+ * fenced off.  0 or -errno (the source failed); -ESHUTDOWN: given up
+ * because the server is stopping or the mirror is being suspended (a leg
+ * on a suspended device holds the copy until then), which says nothing
+ * about the legs.
+ */
+static int
+copy_region (struct mirror *m, char *buf, uint64_t region)
+{
+  uint64_t start = region << m->region_shift;
+  uint64_t end = MIN (start + m->region_size, m->len);
+  uint64_t old;
+  int r = 0;
+
+  /* Fence: writers that counted themselves before the epoch flip are
+   * waited for; those after it see recovering and wait for us.
+   */
+  atomic_store (&m->recovering, region);
+  old = atomic_fetch_add (&m->epoch, 1) & 1;
+  while (atomic_load (&m->writers[old]) != 0)
+    sleep_ns (50 * 1000);
+
+  for (uint64_t off = start; off < end && r == 0; off += COPY_CHUNK) {
+    uint64_t n = MIN (COPY_CHUNK, end - off);
+
+    if (atomic_load (&m->legs[0].errors)) {
+      r = -EIO;
+      break;
+    }
+    r = io_sync (IO_READ, m->legs[0].be, m->legs[0].start + off, n, buf, 0);
+    if (r < 0) {
+      if (r != -ESHUTDOWN)
+        mirror_mark_leg (m, 0, LEG_READ_ERR, "failed a resync read");
+      break;
+    }
+    /* Each leg its own request, so a failing leg is known by name. */
+    for (unsigned i = 1; i < m->nr_legs; i++) {
+      int e;
+      if (atomic_load (&m->legs[i].errors) &
+          (LEG_WRITE_ERR | LEG_SYNC_ERR | LEG_FLUSH_ERR))
+        continue;
+      e = io_sync (IO_WRITE, m->legs[i].be, m->legs[i].start + off, n, buf,
+                   0);
+      if (e == -ESHUTDOWN)
+        r = e;                  /* not copied: not in sync */
+      else if (e < 0)
+        mirror_mark_leg (m, i, LEG_SYNC_ERR, "failed a resync write");
+    }
+  }
+
+  if (r == 0) {
+    atomic_fetch_or_explicit (&m->in_sync[region / 64], 1ULL << (region % 64),
+                              memory_order_release);
+    if (atomic_fetch_add (&m->nr_in_sync, 1) + 1 == m->nr_regions)
+      atomic_store (&m->all_in_sync, true);
+  }
+  pthread_mutex_lock (&m->fence_lock);
+  atomic_store (&m->recovering, NO_REGION);
+  pthread_cond_broadcast (&m->fence_cond);
+  pthread_mutex_unlock (&m->fence_lock);
+  return r;
+}
+
+static void *
+resync_worker (void *arg)
+{
+  char *buf = malloc (COPY_CHUNK);
+
+  pthread_mutex_lock (&resync_lock);
+  while (engine_running && resync_list && buf) {
+    struct mirror *m = resync_list;
+    uint64_t region, seen;
+    int r;
+
+    /* Next region out of sync, from where we left off. */
+    for (region = m->next_region; region < m->nr_regions; region++)
+      if (!region_in_sync (m, region))
+        break;
+    if (region == m->nr_regions) {
+      dequeue_locked (m);
+      continue;
+    }
+    m->next_region = region + 1;
+    /* Round robin between mirrors, one region each. */
+    dequeue_locked (m);
+    resync_current = m;
+    pthread_mutex_unlock (&resync_lock);
+
+    seen = atomic_load (&m->fg_ios);
+    request_wait_cancel = &m->stop_copy;
+    r = copy_region (m, buf, region);
+    request_wait_cancel = NULL;
+    /* Raised while resync_current is m: a swap waits for that
+     * (postsuspend) before it unbinds the table, so they reach the
+     * device the table is live on.  Each happens once: m is not queued
+     * again after either.
+     */
+    if (r < 0 && r != -ESHUTDOWN) {
+      atomic_store (&m->resync_failed, true);
+      mirror_log_state (m, "resync stopped: the source leg failed");
+      target_event (m->ti, "resync stopped: leg 0 %s (the source) failed, "
+                    "%" PRIu64 "/%" PRIu64 " regions in sync",
+                    backend_name (m->legs[0].be),
+                    (uint64_t) atomic_load (&m->nr_in_sync), m->nr_regions);
+    }
+    else if (atomic_load (&m->all_in_sync)) {
+      mirror_log_state (m, "resync complete");
+      target_event (m->ti, "resync complete, %" PRIu64 "/%" PRIu64
+                    " regions in sync", m->nr_regions, m->nr_regions);
+    }
+    /* Foreground I/O keeps priority: after a region that competed with
+     * it, let it run alone for a while.
+     */
+    if (atomic_load (&m->fg_ios) != seen)
+      sleep_ns (THROTTLE_NS);
+
+    pthread_mutex_lock (&resync_lock);
+    if (r == -ESHUTDOWN)
+      m->next_region = region;  /* again, unless the engine stops first */
+    resync_current = NULL;
+    enqueue_locked (m);
+    pthread_cond_broadcast (&resync_cond);
+  }
+  worker_exiting = true;
+  pthread_cond_broadcast (&resync_cond);
+  pthread_mutex_unlock (&resync_lock);
+  free (buf);
+  return NULL;
+}
+
+/* --- the write fence ---------------------------------------------------- */
+
+void
+mirror_fence_init (struct mirror *m)
+{
+  atomic_init (&m->recovering, NO_REGION);
+  pthread_mutex_init (&m->fence_lock, NULL);
+  pthread_cond_init (&m->fence_cond, NULL);
+}
+
+void
+mirror_fence_destroy (struct mirror *m)
+{
+  pthread_cond_destroy (&m->fence_cond);
+  pthread_mutex_destroy (&m->fence_lock);
+}
+
+/* Why it is safe (all seq_cst): a writer reads epoch E, counts itself in
+ * writers[E&1], reads recovering, and reads epoch again.  If epoch is
+ * still E, its count happened before the worker's next flip, so the
+ * worker's wait on writers[E&1] that follows the flip includes it; if the
+ * worker flipped before the writer's first read, the writer sees the
+ * recovering region stored before that flip.
+ */
+unsigned
+mirror_write_enter (struct mirror *m, uint64_t off, uint64_t len, unsigned n)
+{
+  uint64_t first = off >> m->region_shift;
+  uint64_t last = (off + len - 1) >> m->region_shift;
+
+  for (;;) {
+    uint64_t e = atomic_load (&m->epoch), rec;
+
+    atomic_fetch_add (&m->writers[e & 1], n);
+    rec = atomic_load (&m->recovering);
+    if (atomic_load (&m->epoch) == e &&
+        (rec == NO_REGION || rec < first || rec > last))
+      return e & 1;
+    atomic_fetch_sub (&m->writers[e & 1], n);
+    if (rec != NO_REGION && rec >= first && rec <= last) {
+      pthread_mutex_lock (&m->fence_lock);
+      while (atomic_load (&m->recovering) == rec)
+        pthread_cond_wait (&m->fence_cond, &m->fence_lock);
+      pthread_mutex_unlock (&m->fence_lock);
+    }
+  }
+}
+
+/* --- joining and leaving ------------------------------------------------ */
+
+void
+mirror_resync_resume (struct mirror *m)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&resync_lock);
+  int r;
+
+  m->live = true;
+  enqueue_locked (m);
+  if ((r = kick_worker_locked ()) < 0 && mapper_debug)
+    mapper_debug ("mirror %s: cannot start the resync thread: %s",
+                  target_origin (m->ti), strerror (-r));
+}
+
+void
+mirror_resync_suspend (struct mirror *m)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&resync_lock);
+
+  m->live = false;
+  dequeue_locked (m);
+  /* A copy held by a suspended device (a leg on mapper:NAME) would hold
+   * this suspend, and the control commands behind it (that device's
+   * resume too), until that device resumes: it gives up instead, and the
+   * region stays out of sync.
+   */
+  atomic_store (&m->stop_copy, true);
+  while (resync_current == m)
+    pthread_cond_wait (&resync_cond, &resync_lock);
+  atomic_store (&m->stop_copy, false);
+}

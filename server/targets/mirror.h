@@ -1,0 +1,124 @@
+/* The mirror target's private header: its state, shared by the target
+ * (mirror.c: constructor, I/O, status, events) and the resync worker
+ * with the write fence (mirror-resync.c), as dm-raid1 shares its state
+ * with dm-region-hash and dm-kcopyd.
+ */
+#ifndef NBDMAPPER_MIRROR_H
+#define NBDMAPPER_MIRROR_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "target.h"
+
+#define MIRROR_MAX_LEGS 9          /* dm's MAX_NR_MIRRORS */
+#define NO_REGION UINT64_MAX
+
+/* Leg error bits, shown as dm's status characters F > D > S > R > A. */
+enum { LEG_READ_ERR = 1, LEG_WRITE_ERR = 2, LEG_SYNC_ERR = 4, LEG_FLUSH_ERR = 8 };
+
+enum sync_arg { SYNC_DEFAULT, SYNC_SYNC, SYNC_NOSYNC };
+
+struct mirror_leg {
+  struct backend *be;           /* read-only after ctr */
+  uint64_t start;               /* bytes into the backend */
+  _Atomic unsigned errors;      /* LEG_* bits */
+};
+
+struct mirror {
+  /* Read-only after ctr. */
+  struct target *ti;            /* for events and messages */
+  uint64_t len;                 /* target length, bytes */
+  uint64_t region_size;         /* bytes, a power of two */
+  unsigned region_shift;
+  uint64_t nr_regions;
+  unsigned nr_legs;
+  enum sync_arg sync;
+  bool handle_errors;
+
+  /* Legs that failed a write: a bit per leg, set once. */
+  _Atomic unsigned failed_mask;
+
+  /* Resync state.  in_sync: a bit per region, set (by the worker) once the
+   * region is copied; never cleared.  all_in_sync turns true once, then the
+   * I/O paths skip everything below.
+   */
+  _Atomic uint64_t *in_sync;
+  _Atomic uint64_t nr_in_sync;
+  _Atomic bool all_in_sync;
+  _Atomic bool resync_failed;   /* source leg failed: no way to finish */
+  _Atomic bool stop_copy;       /* postsuspend: give the copy up */
+  _Atomic uint64_t fg_ios;      /* foreground requests while resyncing */
+
+  /* Write fencing during resync (mirror-resync.c, mirror_write_enter). */
+  _Atomic uint64_t recovering;  /* region being copied, or NO_REGION */
+  _Atomic uint64_t epoch;
+  _Atomic uint64_t writers[2];  /* clones in flight, by epoch parity */
+  pthread_mutex_t fence_lock;   /* with fence_cond: writers waiting for */
+  pthread_cond_t fence_cond;    /* recovering to move on */
+
+  /* Protected by the resync worker's lock (mirror-resync.c). */
+  bool live;                    /* table live: may resync */
+  bool queued;                  /* on the resync list */
+  struct mirror *next;
+  uint64_t next_region;         /* where the worker looks next */
+
+  struct mirror_leg legs[MIRROR_MAX_LEGS];
+};
+
+static inline bool
+region_in_sync (const struct mirror *m, uint64_t r)
+{
+  return atomic_load_explicit (&m->in_sync[r / 64], memory_order_acquire)
+    & (1ULL << (r % 64));
+}
+
+/* Are all regions touching target bytes [off, off+len) in sync? */
+static inline bool
+range_in_sync (const struct mirror *m, uint64_t off, uint64_t len)
+{
+  uint64_t r, last;
+
+  if (atomic_load_explicit (&m->all_in_sync, memory_order_acquire))
+    return true;
+  last = (off + len - 1) >> m->region_shift;
+  for (r = off >> m->region_shift; r <= last; r++)
+    if (!region_in_sync (m, r))
+      return false;
+  return true;
+}
+
+/* mirror.c */
+/* Set error bit on leg; its first error of that kind raises an event. */
+void mirror_mark_leg (struct mirror *m, unsigned leg, unsigned bit,
+                      const char *what);
+/* Log the status line with what happened (debug). */
+void mirror_log_state (struct mirror *m, const char *what);
+
+/* mirror-resync.c: the engine-wide resync worker (the type's start and
+ * stop hooks), a mirror joining it (its table is live) and leaving it
+ * (not live, or freed: waits for a copy of its region to end).
+ */
+int mirror_resync_start (struct mapper_err *err);
+void mirror_resync_stop (void);
+void mirror_resync_resume (struct mirror *m);
+void mirror_resync_suspend (struct mirror *m);
+/* The write fence: init/destroy with the mirror.  A write of n clones
+ * of target bytes [off, off+len) counts itself in with
+ * mirror_write_enter (waiting while the region being copied overlaps
+ * it), and each clone out with mirror_write_exit (the parity enter
+ * returned).  Only while resyncing: once all_in_sync, writes skip both.
+ */
+void mirror_fence_init (struct mirror *m);
+void mirror_fence_destroy (struct mirror *m);
+unsigned mirror_write_enter (struct mirror *m, uint64_t off, uint64_t len,
+                             unsigned n);
+static inline void
+mirror_write_exit (struct mirror *m, unsigned parity, unsigned n)
+{
+  atomic_fetch_sub (&m->writers[parity], n);
+}
+
+#endif /* NBDMAPPER_MIRROR_H */
