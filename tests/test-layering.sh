@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The engine's layers, as the include lines show them (server/README.md):
 #  - each public header compiles alone, first in an empty file;
-#  - a leaf (a file under server/targets/) includes only its API
-#    (target.h), the utilities (util.h) and headers of its own
-#    directory, never a core-private header such as internal.h;
-#  - the target types come from one list, server/targets.def: each type
-#    a file under server/targets/ defines is listed there and in
-#    server/Makefile.am, and no core file names one.
+#  - a leaf (a file under server/targets/ or server/backends/) includes
+#    only its API (target.h, backend.h), the utilities (util.h) and
+#    headers of its own directory, never a core-private header such as
+#    internal.h;
+#  - the target types come from one list, server/targets.def, and the
+#    backend kinds from another, server/backends/backends.def: each one
+#    a file defines is listed there and built by server/Makefile.am, and
+#    no core file names one.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 cc=${CC:-cc}
@@ -40,6 +42,7 @@ leaf ()
     [ -z "$bad" ] || die "server/$dir/ may include only $* and its own headers"
 }
 leaf targets target.h util.h
+leaf backends backend.h util.h
 
 # One list of target types.
 listed=$(sed -n 's/^TARGET (\([a-z0-9_]*\))$/\1/p' "$srv/targets.def")
@@ -60,4 +63,24 @@ for t in $listed; do
         die "$(tr '\n' ' ' < "$tmpdir/names")names ${t}_target: use server/targets.def"
     fi
 done
-echo "layering: ok ($(wc -w <<< "$listed") targets)"
+
+# One list of backend kinds.
+kinds=$(sed -n 's/^BACKEND (\([a-z0-9_]*\))$/\1/p' "$srv/backends/backends.def")
+[ -n "$kinds" ] || die "server/backends/backends.def lists no backend kind"
+defined=$(sed -n 's/^const struct backend_kind \([a-z0-9_]*\)_backend_kind = {$/\1/p' \
+              "$srv"/backends/*.c)
+for k in $defined; do
+    grep -qx "$k" <<< "$kinds" ||
+        die "backend kind ${k}_backend_kind is not in server/backends/backends.def"
+done
+for k in $kinds; do
+    grep -qx "$k" <<< "$defined" ||
+        die "server/backends/backends.def lists $k, which no file under server/backends/ defines"
+    file=$(grep -l "^const struct backend_kind ${k}_backend_kind = {" "$srv"/backends/*.c)
+    grep -q "backends/${file##*/}" "$srv/Makefile.am" ||
+        die "server/Makefile.am does not build ${file##*/}"
+    if grep -lw "${k}_backend_kind" "$srv"/*.c "$srv"/*.h > "$tmpdir/names"; then
+        die "$(tr '\n' ' ' < "$tmpdir/names")names ${k}_backend_kind: use server/backends/backends.def"
+    fi
+done
+echo "layering: ok ($(wc -w <<< "$listed") targets, $(wc -w <<< "$kinds") backend kinds)"
