@@ -9,8 +9,10 @@ export PATH
 
 : "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
-# The tests' Python parts share tests/nbdcheck.py.
+# The tests' Python parts share tests/nbdcheck.py.  No __pycache__ in
+# the source tree (it may be read-only, and is not the build's).
 export PYTHONPATH="$top_srcdir/tests${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1
 : "${PLUGIN:=$top_builddir/plugins/mapper/.libs/nbdkit-mapper-plugin.so}"
 : "${SANITIZER_LIBASAN:=}"
 
@@ -51,69 +53,280 @@ trap _run_cleanups EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# The command nbdkit --run should get: its children must not inherit the
-# ASan runtime (qemu-img, python and fio are not built for it).
-_run_cmd ()
-{
-    if [ -n "$SANITIZER_LIBASAN" ]; then
-        printf 'unset LD_PRELOAD ASAN_OPTIONS; %s' "$1"
-    else
-        printf '%s' "$1"
-    fi
-}
+# --- servers ----------------------------------------------------------------
+# Every nbdkit a test runs starts here, in one of two ways:
+#
+#   mapper [HARNESS-OPTS] NBDKIT-OPTS... PLUGIN-ARGS...
+#       nbdkit with the freshly built plugin for the length of the call:
+#       with --run CMD, in the foreground (-f), or expected to refuse to
+#       start (and --help, --dump-plugin...).  Its exit status is
+#       nbdkit's.  E.g.  mapper -U - "$tmpdir/a.table" --run 'nbdinfo "$uri"'
+#   start_server [HARNESS-OPTS] NAME NBDKIT-ARGS...
+#       a server that outlives the call: nbdkit NBDKIT-ARGS, daemonised
+#       (or with -f, in the background), listening on $tmpdir/NAME.sock
+#       unless NBDKIT-ARGS say where (-U, -p...), its pid in
+#       $tmpdir/NAME.pid.  The plugin is named, as on nbdkit's command
+#       line: "mapper" is the freshly built plugin, anything else
+#       (memory, file, --filter=delay null...) one of nbdkit's.  Returns
+#       once it serves; a server that cannot start fails the test.  At
+#       exit stop_server NAME stops it, if nothing did before: servers
+#       running our plugin first (they are the clients of the others),
+#       each kind in the reverse order of their starts.
+#   stop_server NAME [SIGNAL]
+#       stop it (SIGTERM unless told) and wait until it is gone.  A
+#       server still there 10 s after SIGTERM hangs at exit: it is killed
+#       with SIGKILL and the test fails (stop_server returns 1, and a
+#       test whose cleanup had to kill a server exits 1).
+#
+# HARNESS-OPTS, before the rest:
+#   --timeout SECS   kill nbdkit after SECS and fail the test: for servers
+#                    expected to refuse to start, so that one that hangs
+#                    instead ends the test rather than stalling it.
+#   --wrap 'CMD'     run nbdkit under CMD (words split at blanks), e.g.
+#                    'ip netns exec NS', 'strace -f -o FILE'.
+#   --stderr FILE    (start_server) nbdkit's stderr to FILE (its -v log;
+#                    a daemonised nbdkit logs to syslog without -v),
+#                    shown when it fails to start.
+#
+# Our plugin runs with plugin_env (below); nbdkit's other plugins, the
+# wrapper and the commands of --run do not.
 
-# mapper ARGS...: run nbdkit with the freshly built plugin.  ARGS are
-# nbdkit options and plugin parameters, e.g.
-#   mapper -U - "$tmpdir/a.table" --run 'nbdinfo "$uri"'
-# The plugin path goes after the leading options.  Under a sanitizer build,
-# the ASan runtime is preloaded into nbdkit (which is not itself
-# instrumented); children of --run do not get it.  With MAPPER_NETNS=NAME,
-# nbdkit runs in that network namespace (ip netns exec), environment and
-# all.
-mapper ()
+# The environment of nbdkit running our plugin, set up here only.  Under
+# a sanitizer build the plugin is instrumented but nbdkit is not, so the
+# sanitizer runtime is preloaded (SANITIZER_LIBASAN: a colon-separated
+# list, see configure.ac); leaks are not reported (most would be
+# nbdkit's) and a report exits 99.  Python programs that start nbdkit get
+# the same from NBDMAPPER_PLUGIN_ENV, one VAR=VALUE a line
+# (nbdcheck.mapper_command).
+plugin_env=()
+if [ -n "$SANITIZER_LIBASAN" ]; then
+    plugin_env=(LD_PRELOAD="$SANITIZER_LIBASAN"
+                ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}")
+fi
+NBDMAPPER_PLUGIN_ENV=
+[ "${#plugin_env[@]}" -eq 0 ] ||
+    NBDMAPPER_PLUGIN_ENV=$(printf '%s\n' "${plugin_env[@]}")
+export NBDMAPPER_PLUGIN_ENV
+
+# nbdkit's options that take a value as the next word.
+_nbdkit_opt_arg='-U|-t|-p|-P|-e|-D|-i|--filter|--tls|--tls-psk|--tls-certificates|--log|--exportname|--selinux-label|--user|--group|--mask-handshake|--threads|--unix|--port|--pidfile|--ipaddr|--run'
+
+# _server_cmd NBDKIT-ARGS...: the command line for nbdkit NBDKIT-ARGS
+# in _cmd, under _wrap, with _preopts (if set) first.  Sets _fg
+# (foreground: -f or --run), _listen (the arguments say where it
+# listens), _pidfile (-P's), _run (--run given) and _mine (the plugin is
+# ours).  As for nbdkit, the plugin is the first word that is neither an
+# option nor an option's value.  The plugin word "mapper" becomes $PLUGIN
+# with plugin_env, and the command of --run then starts without it
+# (qemu-img, python and fio are not built for the sanitizer runtime).
+_server_cmd ()
 {
-    local opts=() rest=()
+    local args=() plugin=false a i
+    _fg=false _listen=false _pidfile= _run=false _mine=false
     while [ $# -gt 0 ]; do
-        case "$1" in
-            --run) opts+=("$1" "$(_run_cmd "$2")"); shift 2 ;;
-            -U|-t|-p|-P|-e|-D|-i|--filter|--tls|--tls-psk|--tls-certificates|--log|--exportname|--selinux-label|--user|--group|--mask-handshake|--threads|--unix|--port|--pidfile|--ipaddr)
-                opts+=("$1" "$2"); shift 2 ;;
-            -*) opts+=("$1"); shift ;;
-            *) break ;;
+        a=$1; shift
+        if [[ $a != -* ]]; then
+            if ! $plugin && [ "$a" = mapper ]; then _mine=true; a=$PLUGIN; fi
+            plugin=true
+            args+=("$a")
+            continue
+        fi
+        case "$a" in
+            -U|--unix|--unix=*|-p|--port|--port=*|-s|--single|--vsock)
+                _listen=true ;;
+            -P|--pidfile) _pidfile=$1 ;;
+            --pidfile=*) _pidfile=${a#*=} ;;
+            -f|--foreground|-[!-]*f*) _fg=true ;;
+            --run) _fg=true _run=true ;;
         esac
-    done
-    while [ $# -gt 0 ]; do
-        if [ "$1" = --run ] && [ $# -ge 2 ]; then
-            rest+=("$1" "$(_run_cmd "$2")"); shift 2
-        else
-            rest+=("$1"); shift
+        args+=("$a")
+        # An option's value is the next word (and not the plugin).
+        if [[ $a =~ ^($_nbdkit_opt_arg)$ ]] && [ $# -gt 0 ]; then
+            args+=("$1"); shift
         fi
     done
-    # "env" rather than VAR=... so that the settings go through a
-    # wrapper such as "ip netns exec" and reach nbdkit alone.
-    local pre=()
-    if [ -n "${MAPPER_NETNS:-}" ]; then
-        pre=(ip netns exec "$MAPPER_NETNS")
+    if $_mine && [ "${#plugin_env[@]}" -gt 0 ]; then
+        for (( i = 0; i < ${#args[@]} - 1; i++ )); do
+            if [ "${args[i]}" = --run ]; then
+                i=$((i + 1))
+                args[i]="unset LD_PRELOAD ASAN_OPTIONS; ${args[i]}"
+            fi
+        done
+        _cmd=("${_wrap[@]}" env "${plugin_env[@]}")
+    else
+        _cmd=("${_wrap[@]}")
     fi
-    if [ -n "$SANITIZER_LIBASAN" ]; then
-        pre+=(env LD_PRELOAD="$SANITIZER_LIBASAN"
-              ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}")
-    fi
-    local rc=0
-    "${pre[@]}" nbdkit "${opts[@]}" "$PLUGIN" "${rest[@]}" || rc=$?
-    [ "$rc" -eq 0 ] || return "$rc"
-    # A daemonised nbdkit writes its pid file after the parent has exited:
-    # callers read it at once, so wait for it here.
-    local i pidfile= fg=false
-    for (( i = 0; i < ${#opts[@]}; i++ )); do
-        case "${opts[i]}" in
-            -P|--pidfile) pidfile=${opts[i+1]} ;;
-            --foreground|--run|-[!-]*f*) fg=true ;;
+    _cmd+=(nbdkit "${_preopts[@]}" "${args[@]}")
+}
+
+# _harness_opts ARGS...: reads HARNESS-OPTS into _timeout, _wrap and
+# _stderr (and empties _preopts); sets _shift to how many words they took.
+_harness_opts ()
+{
+    _timeout= _wrap=() _preopts=() _stderr= _shift=0
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --timeout) _timeout=$2 ;;
+            --stderr) _stderr=$2 ;;
+            --wrap) read -ra _wrap <<< "$2" ;;
+            *) return 0 ;;
         esac
+        shift 2; _shift=$((_shift + 2))
     done
-    if [ -n "$pidfile" ] && ! $fg; then
-        wait_for test -s "$pidfile" || return 1
+}
+
+mapper ()
+{
+    local opts=() rc=0
+    _harness_opts "$@"; shift "$_shift"
+    # The plugin goes after the leading options.
+    while [ $# -gt 0 ] && [[ $1 == -* ]]; do
+        opts+=("$1"); shift
+        if [[ ${opts[-1]} =~ ^($_nbdkit_opt_arg)$ ]] && [ $# -gt 0 ]; then
+            opts+=("$1"); shift
+        fi
+    done
+    _server_cmd "${opts[@]}" mapper "$@"
+    case " ${opts[*]} " in
+        *" --help "*|*" --dump-plugin "*|*" --version "*) _fg=true ;;
+    esac
+    $_fg || die "mapper $*: a server that outlives the call (no --run," \
+                "no -f) is started with start_server"
+    if [ -n "$_timeout" ]; then
+        timeout -k 5 "$_timeout" "${_cmd[@]}" || rc=$?
+        if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+            echo "$0: FAIL: nbdkit mapper $* did not exit within" \
+                 "$_timeout s: killed" >&2
+            _stop_failed=1
+        fi
+    else
+        "${_cmd[@]}" || rc=$?
     fi
+    return "$rc"
+}
+
+start_server ()
+{
+    local name rc=0 i
+    _harness_opts "$@"; shift "$_shift"
+    name=$1; shift
+    [ -z "$_timeout" ] || die "start_server $name: --timeout is for mapper"
+    # Its pid file is start_server's, and where it listens unless told:
+    # a first pass reads what the arguments say.
+    _server_cmd "$@"
+    ! $_run || die "start_server $name: --run: use mapper"
+    [ -z "$_pidfile" ] || die "start_server $name: its pid file is" \
+                              "$tmpdir/$name.pid, not -P $_pidfile"
+    rm -f "$tmpdir/$name.pid" "$tmpdir/$name.job"
+    _preopts=(-P "$tmpdir/$name.pid")
+    if ! $_listen; then
+        rm -f "$tmpdir/$name.sock"
+        _preopts+=(-U "$tmpdir/$name.sock")
+    fi
+    _server_cmd "$@"
+    _started "$name" "$_mine"
+    local err
+    if [ -n "$_stderr" ]; then exec {err}> "$_stderr"; else exec {err}>&2; fi
+    if $_fg; then
+        "${_cmd[@]}" 2>&"$err" &
+        echo $! > "$tmpdir/$name.job"
+    else
+        "${_cmd[@]}" 2>&"$err" || rc=$?
+        [ "$rc" -eq 0 ] ||
+            _start_failed "$name" "nbdkit exited $rc: ${_cmd[*]}"
+    fi
+    exec {err}>&-
+    # A daemonised nbdkit writes its pid file after the parent has exited,
+    # and after it listens: wait for it (and in the foreground, give up as
+    # soon as nbdkit is gone).
+    for (( i = 0; i < 300; i++ )); do
+        [ -s "$tmpdir/$name.pid" ] && return 0
+        if $_fg && ! kill -0 "$(cat "$tmpdir/$name.job")" 2>/dev/null; then
+            _start_failed "$name" "nbdkit exited before it served: ${_cmd[*]}"
+        fi
+        sleep 0.1
+    done
+    _start_failed "$name" "no pid file after 30 s: ${_cmd[*]}"
+}
+_start_failed ()
+{
+    [ -z "$_stderr" ] || tail -n 40 "$_stderr" >&2
+    die "start_server $1: $2"
+}
+
+# mapper_refuses [HARNESS-OPTS] PATTERN ARGS...: nbdkit with our plugin
+# and ARGS (as for mapper) must refuse to start: exit 1 within 30 s,
+# before its --run command could run, with a message matching PATTERN
+# (grep -E).  Its output is printed, and left in $tmpdir/refused.out.
+mapper_refuses ()
+{
+    local opts=() pat rc=0
+    while [ "${1:-}" = --wrap ]; do opts+=("$1" "$2"); shift 2; done
+    pat=$1; shift
+    rm -f "$tmpdir/refused.ran"
+    # A Unix socket in the scratch dir rather than -U -: nbdkit 1.32 leaks
+    # its /tmp/nbdkitXXXXXX directory when it fails during configuration.
+    mapper --timeout 30 "${opts[@]}" -U "$tmpdir/refused.sock" "$@" \
+           --run "touch '$tmpdir/refused.ran'" > "$tmpdir/refused.out" 2>&1 ||
+        rc=$?
+    cat "$tmpdir/refused.out"
+    [ "$rc" -eq 1 ] || die "nbdkit mapper $*: exit $rc, not 1 (a refusal)"
+    [ ! -e "$tmpdir/refused.ran" ] || die "nbdkit mapper $*: it started"
+    grep -Eq -- "$pat" "$tmpdir/refused.out" ||
+        die "nbdkit mapper $*: no message matching /$pat/"
+}
+
+# _started NAME MINE: NAME is a server to stop at exit (MINE: it runs our
+# plugin).  The cleanup is registered at the first start: what a test
+# sets up later (an nbdfuse mount on a server) goes before the servers,
+# what it set up before (a network namespace) after.
+_servers=()
+declare -A _server_mine=()
+_started ()
+{
+    local i
+    [ "${#_servers[@]}" -gt 0 ] || cleanup_fn _stop_servers
+    for i in "${!_servers[@]}"; do
+        [ "${_servers[i]}" != "$1" ] || unset '_servers[i]'
+    done
+    _servers=("${_servers[@]}" "$1")
+    _server_mine[$1]=$2
+}
+_stop_servers ()
+{
+    local i mine
+    for mine in true false; do
+        for (( i = ${#_servers[@]} - 1; i >= 0; i-- )); do
+            [ "${_server_mine[${_servers[i]}]}" != "$mine" ] ||
+                stop_server "${_servers[i]}" || :
+        done
+    done
+}
+
+stop_server ()
+{
+    local rc=0
+    stop_pidfile "$tmpdir/$1.pid" "${2:-TERM}" || rc=$?
+    # One in the foreground is this shell's child: reap it (and let a
+    # wrapper such as strace finish).
+    if [ -s "$tmpdir/$1.job" ]; then
+        wait "$(cat "$tmpdir/$1.job")" 2>/dev/null || :
+        rm -f "$tmpdir/$1.job"
+    fi
+    rm -f "$tmpdir/$1.sock"
+    return "$rc"
+}
+
+# start_qemu_nbd NAME IMAGE: qemu-nbd serving the raw IMAGE (8 clients)
+# on $tmpdir/NAME.sock, pid in $tmpdir/NAME.pid: stopped by stop_server
+# NAME, as start_server's.
+start_qemu_nbd ()
+{
+    rm -f "$tmpdir/$1.sock" "$tmpdir/$1.pid"
+    qemu-nbd -f raw -t --shared=8 -k "$tmpdir/$1.sock" \
+        --pid-file="$tmpdir/$1.pid" "$2" &
+    _started "$1" false
+    wait_for test -s "$tmpdir/$1.pid" || die "qemu-nbd $1 did not start"
 }
 
 # mkfile NAME SIZE: a sparse backing file in the scratch dir; prints its path.
@@ -158,13 +371,45 @@ wait_for ()
     return 1
 }
 
-# stop_pidfile PIDFILE [SIGNAL]: stop the daemonised server whose pid is
-# in PIDFILE (SIGTERM unless told) and remove the file; wait until it is
-# gone (or a zombie: a daemon's parent is init, which may be slow to reap
-# it, and a zombie has closed its sockets and files).  A server still
-# there after 10 s hangs at exit: it is killed with SIGKILL, and the test
-# fails (stop_pidfile returns 1, and a test whose cleanup had to kill a
-# server exits 1).  Does nothing without a pid file.
+# wait_file FILE: until FILE is there and not empty (a pid file).
+wait_file () { wait_for test -s "$1" || die "timed out waiting for $1"; }
+
+# free_port: a TCP port on 127.0.0.1 that nothing listens on right now.
+free_port ()
+{
+    python3 -c 'import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# netns_skip WHAT CMD...: skip (77) with the reason if CMD fails.
+netns_skip ()
+{
+    local what=$1; shift
+    if ! "$@" > "$tmpdir/netns.err" 2>&1; then
+        echo "$0: skipped: cannot $what: $(head -1 "$tmpdir/netns.err")"
+        exit 77
+    fi
+}
+
+# netns_new NAME: a network namespace with its loopback up, deleted at
+# exit; skips (77) where namespaces cannot be made or entered.
+netns_new ()
+{
+    netns_skip "create a network namespace" ip netns add "$1"
+    cleanup_fn "ip netns delete '$1'"
+    netns_skip "run a command in a network namespace" ip netns exec "$1" true
+    ip -n "$1" link set lo up
+}
+
+# stop_pidfile PIDFILE [SIGNAL]: stop_server's work: stop the server whose
+# pid is in PIDFILE (SIGTERM unless told) and remove the file; wait until
+# it is gone (or a zombie: a daemon's parent is init, which may be slow to
+# reap it, and a zombie has closed its sockets and files).  A server
+# still there after 10 s hangs at exit: it is killed with SIGKILL, and
+# the test fails (stop_pidfile returns 1, and a test whose cleanup had to
+# kill a server exits 1).  Does nothing without a pid file.  (The 10 s is
+# _stop_wait, for test-harness.sh.)
+_stop_wait=10
 stop_pidfile ()
 {
     local pid i threads
@@ -172,7 +417,7 @@ stop_pidfile ()
     pid=$(cat "$1")
     rm -f "$1"
     kill "-${2:-TERM}" "$pid" 2>/dev/null || return 0
-    for (( i = 0; i < 100; i++ )); do
+    for (( i = 0; i < _stop_wait * 10; i++ )); do
         kill -0 "$pid" 2>/dev/null || return 0
         [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 0
         sleep 0.1
@@ -181,7 +426,7 @@ stop_pidfile ()
     threads=$(for t in /proc/$pid/task/*; do
                   printf ' %s(%s)' "$(cat "$t/comm")" "$(cat "$t/wchan")"
               done 2>/dev/null)
-    echo "$0: FAIL: pid $pid ($1) did not exit within 10 s of" \
+    echo "$0: FAIL: pid $pid ($1) did not exit within $_stop_wait s of" \
          "SIG${2:-TERM}: killed with SIGKILL." \
          "Command: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" \
          "Threads:$threads" >&2

@@ -1,6 +1,9 @@
 """What the Python parts of the shell tests share (import nbdcheck;
 tests/functions.sh puts this directory on PYTHONPATH)."""
 import errno
+import os
+import signal
+import subprocess
 import time
 
 import nbd
@@ -50,3 +53,70 @@ def when_back(f, *args, seconds=60, what="the device did not come back"):
             assert e.errnum == errno.EIO, e
             assert time.monotonic() < deadline, what
             time.sleep(0.1)
+
+
+def mapper_command(options, args, run=None):
+    """The command line of nbdkit OPTIONS <the freshly built plugin> ARGS
+    [--run RUN], as tests/functions.sh's mapper () runs it: in the
+    environment it sets up for the plugin (NBDMAPPER_PLUGIN_ENV: under a
+    sanitizer build, the runtime preloaded), which RUN does not get."""
+    env = [v for v in os.environ.get("NBDMAPPER_PLUGIN_ENV", "").split("\n")
+           if v]
+    cmd = (["env"] + env if env else []) + ["nbdkit"] + list(options)
+    cmd += [os.environ["PLUGIN"]] + list(args)
+    if run is not None:
+        cmd += ["--run", ("unset LD_PRELOAD ASAN_OPTIONS; " if env else "")
+                + run]
+    return cmd
+
+
+def _gone(pid):
+    """The process is gone, or a zombie (it has closed its sockets and
+    files; its parent may be slow to reap it)."""
+    try:
+        os.kill(pid, 0)
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split()[2] == "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return True
+
+
+def kill_server(d, name, sig=signal.SIGKILL):
+    """Kill the server started as NAME in D (tests/functions.sh's
+    start_server: pid in D/NAME.pid) and wait until it is gone: the loss
+    of a backend, on purpose."""
+    pid = int(open("%s/%s.pid" % (d, name)).read())
+    os.kill(pid, sig)
+    deadline = time.monotonic() + 30
+    while not _gone(pid):
+        assert time.monotonic() < deadline, "pid %d: still there" % pid
+        time.sleep(0.05)
+
+
+def start_server(d, name, args, wrap=()):
+    """tests/functions.sh's start_server NAME ARGS for one of nbdkit's
+    plugins (ARGS name it): nbdkit daemonised on D/NAME.sock (unless ARGS
+    say where, -p), its pid in D/NAME.pid; returns once it serves.  The
+    shell's cleanup stops it at exit as it would the first one.  WRAP: a
+    command to run nbdkit under (ip netns exec NS)."""
+    pidfile = "%s/%s.pid" % (d, name)
+    sock = "%s/%s.sock" % (d, name)
+    opts = ["-P", pidfile]
+    if not ({"-U", "-p", "--port", "--unix"} & set(args)):
+        opts += ["-U", sock]
+        if os.path.exists(sock):
+            os.unlink(sock)
+    if os.path.exists(pidfile):
+        os.unlink(pidfile)
+    subprocess.check_call(list(wrap) + ["nbdkit"] + opts + list(args))
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(pidfile) and os.path.getsize(pidfile) > 0):
+        assert time.monotonic() < deadline, "%s: no pid file" % name
+        time.sleep(0.05)
+
+
+def restart_server(d, name, args, wrap=()):
+    """kill -9 the server NAME in D and start a new one (start_server) on
+    the same socket: a backend that restarts, forgetting its clients."""
+    kill_server(d, name)
+    start_server(d, name, args, wrap)

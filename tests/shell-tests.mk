@@ -2,6 +2,7 @@
 # clients (nbdinfo, nbdsh/python3-libnbd, qemu-img, nbdcopy, fio, nbdfuse).
 # Each may exit 77 to skip when a tool or a privilege is missing.
 SHELL_TESTS = \
+	test-harness.sh \
 	test-layering.sh \
 	test-info.sh \
 	test-bad-tables.sh \

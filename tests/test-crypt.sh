@@ -183,12 +183,11 @@ fi
 # With the control plane: the key is masked unless --showkeys.
 : "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
 if [ -x "$NBDMSETUP" ]; then
-    sock=$tmpdir/sock
+    sock=$tmpdir/sec.sock
     f=$(realpath "$(mkfile ms.img 1M)")
     key=$(python3 -c "import os; print(os.urandom(64).hex())")
     echo "0 2048 crypt aes-xts-plain64 $key 0 $f 0" > "$tmpdir/sec.table"
-    mapper -U "$sock" -P "$tmpdir/pid" "$tmpdir/sec.table"
-    cleanup_fn 'stop_pidfile "$tmpdir/pid"'
+    start_server sec mapper "$tmpdir/sec.table"
     ms () { "$NBDMSETUP" -c "nbd+unix:///control?socket=$sock" "$@"; }
     ms table sec > "$tmpdir/masked"
     ms table --showkeys sec > "$tmpdir/shown"

@@ -68,11 +68,9 @@ cmp "$tmpdir/in.img" "$w" || die "write device differs from what was written"
 # into a failure; nothing is timed); after resume, reads are held again.
 : "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
 if [ -x "$NBDMSETUP" ]; then
-    sock=$tmpdir/sock
+    sock=$tmpdir/held.sock
     echo "0 2048 delay $r 0 3600000" > "$tmpdir/held.table"
-    mapper -U "$sock" -P "$tmpdir/pid" "$tmpdir/held.table"
-    cleanup_fn 'stop_pidfile "$tmpdir/pid"'
-    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+    start_server held mapper "$tmpdir/held.table"
     ms () { timeout 60 "$NBDMSETUP" -c "nbd+unix:///control?socket=$sock" "$@"; }
     held_read ()
     {

@@ -24,23 +24,20 @@ echo "0 $len flakey $f 8 1 0" > "$tmpdir/up.table"
 echo "0 $len flakey $f 8 0 1 1 drop_writes" > "$tmpdir/drop.table"
 cp "$tmpdir/up.table" "$tmpdir/dev.table"
 
-sock=$tmpdir/sock
+sock=$tmpdir/dev.sock
 ctl="nbd+unix:///control?socket=$sock"
 uri="nbd+unix:///dev?socket=$sock"
 ms () { "$NBDMSETUP" -c "$ctl" "$@"; }
 mkdir "$tmpdir/fuse" "$tmpdir/mnt"
-
-stop_server () { stop_pidfile "$tmpdir/pid"; }
-cleanup_fn stop_server
-cleanup_fn fuse_detach
 
 # attach: nbdfuse + a fresh loop device (no blocks cached from before).
 attach () { fuse_attach "$uri" || die "nbdfuse did not come up"; }
 
 sums () { (cd "$tmpdir/mnt" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
 
-mapper -U "$sock" -P "$tmpdir/pid" "$tmpdir/dev.table" ||
-    die "server did not start"
+start_server dev mapper "$tmpdir/dev.table"
+# After the server's: the mount goes before its server does.
+cleanup_fn fuse_detach
 ms status dev || die "nbdmsetup cannot reach the server"
 
 # 1. Up: a filesystem with fsynced files.

@@ -32,21 +32,12 @@ for i in range(64):
     print(f"{i*per} {per} linear {d}/{f} {(i // 4) * per}")
 PY
 
-sock=$tmpdir/sock
+sock=$tmpdir/m.sock
 log=$tmpdir/strace.log
-pidfile=$tmpdir/nbdkit.pid
-# strace runs nbdkit itself; under a sanitizer build it passes the runtime.
-asan=()
-[ -z "$SANITIZER_LIBASAN" ] ||
-    asan=(-E "LD_PRELOAD=$SANITIZER_LIBASAN" -E "ASAN_OPTIONS=detect_leaks=0")
-strace -f -qq -e trace=fdatasync -o "$log" "${asan[@]}" \
-    nbdkit -f -P "$pidfile" -U "$sock" "$PLUGIN" \
-        "$tmpdir/wide.table" "$tmpdir/multi.table" &
-strace_pid=$!
-# Stop nbdkit itself (killing strace would only detach it).
-cleanup_fn 'stop_pidfile "$pidfile"; wait $strace_pid 2>/dev/null'
-wait_for test -S "$sock"
-wait_for test -s "$pidfile"
+# In the foreground under strace (stop_server stops nbdkit itself, then
+# waits for strace).
+start_server --wrap "strace -f -qq -e trace=fdatasync -o $log" m \
+    -f mapper "$tmpdir/wide.table" "$tmpdir/multi.table"
 
 count () { grep -cE '^[0-9]+ +fdatasync\(' "$log" || :; }
 # threads_since LINE: distinct threads among fdatasync calls after LINE.

@@ -13,12 +13,11 @@ requires nbdcopy --version
 requires fio --version
 requires sh -c 'fio --enghelp=nbd 2>&1 | grep -q uri'
 
-source "$top_srcdir/tests/remote-functions.sh"
 
-# The remote leg's server: backend puts it on $sock, pid in $pidfile.
+# The remote leg's server: start_server puts it on $sock, pid in $pidfile.
 sock="$tmpdir/remote.sock"
 pidfile="$tmpdir/remote.pid"
-start_remote () { backend remote memory 32M; }
+start_remote () { start_server remote memory 32M; }
 
 start_remote
 leg0=$(mkfile leg0.img 32M)
@@ -55,16 +54,11 @@ start_remote
 cat > "$tmpdir/m.table" <<EOF
 0 65536 mirror core 2 1024 sync 2 $leg0 0 $remote 0 1 handle_errors
 EOF
-cat > "$tmpdir/wait.sh" <<EOF
-for i in \$(seq 600); do
-    grep -q 'resync complete' "$tmpdir/log2" && exit 0
-    sleep 0.1
-done
-echo "resync did not complete"; exit 1
-EOF
-mapper -f -v -U - "$tmpdir/m.table" remote-timeout=2 \
-       --run "bash '$tmpdir/wait.sh'" 2> "$tmpdir/log2" || {
+start_server --stderr "$tmpdir/log2" m -f -v mapper "$tmpdir/m.table" \
+    remote-timeout=2
+wait_for grep -q 'resync complete' "$tmpdir/log2" || {
     grep -v 'debug: mapper\[' "$tmpdir/log2" | tail -20; die "no resync"; }
+stop_server m
 grep -E 'resync complete\): 2 \S+ \S+ 64/64 1 AA 1 core' "$tmpdir/log2" ||
     die "status after resync is not all A"
 nbdcopy "$remote" "$tmpdir/remote.copy"

@@ -51,16 +51,12 @@ leg2=$(mkfile leg2.img 32M)
 cat > "$tmpdir/m.table" <<EOF
 0 65536 mirror core 2 1024 sync 2 $leg0 0 $leg2 0 1 handle_errors
 EOF
-cat > "$tmpdir/wait.sh" <<EOF
-for i in \$(seq 600); do
-    grep -q 'resync complete' "$tmpdir/log2" && exit 0
-    sleep 0.1
-done
-echo "resync did not complete"; exit 1
-EOF
-mapper -f -v -U - "$tmpdir/m.table" \
-       --run "bash '$tmpdir/wait.sh' && bash '$tmpdir/fio.sh' \"\$unixsocket\" --verify_only" \
-       2> "$tmpdir/log2" || { tail -20 "$tmpdir/log2"; die "resync/verify failed"; }
+start_server --stderr "$tmpdir/log2" m -f -v mapper "$tmpdir/m.table"
+wait_for grep -q 'resync complete' "$tmpdir/log2" ||
+    { tail -20 "$tmpdir/log2"; die "resync did not complete"; }
+bash "$tmpdir/fio.sh" "$tmpdir/m.sock" --verify_only ||
+    { tail -20 "$tmpdir/log2"; die "verify after resync failed"; }
+stop_server m
 grep -E 'resync complete\): 2 \S+ \S+ 64/64 1 AA 1 core' "$tmpdir/log2" ||
     die "status after resync is not all A"
 cmp "$leg0" "$leg2" || die "legs differ after resync"

@@ -5,7 +5,6 @@
 # 8 client connections flushing at once after one write share flushes;
 # and a flushed write survives kill -9 of its backend's server.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
-source "$top_srcdir/tests/remote-functions.sh"
 requires nbdsh --version
 requires nbdkit --filter=stats null --version
 
@@ -13,7 +12,7 @@ size=$((16 << 20))
 sectors=$((size / 512))
 for i in 0 1 2 3 4 5; do
     truncate -s $size "$tmpdir/f$i"
-    backend b$i --filter=stats file "$tmpdir/f$i" statsfile="$tmpdir/stats$i"
+    start_server b$i --filter=stats file "$tmpdir/f$i" statsfile="$tmpdir/stats$i"
 done
 uri () { echo "nbd+unix:///?socket=$tmpdir/b$1.sock"; }
 
@@ -37,10 +36,8 @@ per=$((size / 16))
 echo "0 $sectors linear $(uri 5) 0" > "$tmpdir/dur.table"
 
 sock=$tmpdir/mapper.sock
-mapper -U "$sock" -P "$tmpdir/mapper.pid" remote-timeout=20 \
+start_server mapper mapper remote-timeout=20 \
     "$tmpdir/wide.table" "$tmpdir/multi.table" "$tmpdir/dur.table"
-cleanup_fn 'stop_pidfile "$tmpdir/mapper.pid"'
-wait_file "$tmpdir/mapper.pid"
 
 nbdsh -c "
 import nbd
@@ -78,8 +75,8 @@ nbdsh -u "nbd+unix:///dur?socket=$sock" -c "
 h.pwrite(b'durable!' * 512, 1 << 20)
 h.flush()
 "
-kill_backend b5 KILL
-backend b5 file "$tmpdir/f5"
+stop_server b5 KILL
+start_server b5 file "$tmpdir/f5"
 nbdsh -u "nbd+unix:///dur?socket=$sock" -c "
 assert h.pread(4096, 1 << 20) == b'durable!' * 512
 "
@@ -88,8 +85,8 @@ import sys; sys.stdout.buffer.write(b'durable!' * 512)") ||
     die "flushed data not in the backing file"
 
 # Stop the backends so the stats filter writes its counts.
-stop_pidfile "$tmpdir/mapper.pid"
-for i in 0 1 2 3 4; do kill_backend b$i; done
+stop_server mapper
+for i in 0 1 2 3 4; do stop_server b$i; done
 flushes () { sed -n 's/^flush: \([0-9]*\) ops.*/\1/p' "$1"; }
 echo "backend flushes: b1..b4: $(for i in 1 2 3 4; do printf '%s ' "$(flushes "$tmpdir/stats$i")"; done)"
 [ "$(flushes "$tmpdir/stats1")" = 11 ] || die "b1: $(flushes "$tmpdir/stats1") flushes, expected 11"

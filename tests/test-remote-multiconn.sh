@@ -11,7 +11,6 @@
 # choose; nbdkit 1.32's multi-conn filter asserts when a client closes a
 # connection mid-handshake, which is what closing the others does.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
-source "$top_srcdir/tests/remote-functions.sh"
 
 requires nbdkit --version
 requires nbdsh --version
@@ -29,7 +28,7 @@ server ()
     [ "$1" = yes ] && mc=0
     [ -z "${noflush:-}" ] || fl=3
     shift
-    backend r "$@" eval get_size="echo ${size:-4194304}" \
+    start_server r "$@" eval get_size="echo ${size:-4194304}" \
         pread="dd if='$f' skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none" \
         pwrite="dd of='$f' seek=\$4 conv=notrunc oflag=seek_bytes status=none" \
         can_write='exit 0' can_flush="exit $fl" flush="sync '$f'" \
@@ -40,9 +39,8 @@ echo "0 8192 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
 sock=$tmpdir/mapper.sock
 uri="nbd+unix:///?socket=$sock"
 log=$tmpdir/mapper.log
-mapper -v -D nbdkit.backend.datapath=0 -U "$sock" -P "$tmpdir/mapper.pid" \
-    remote-timeout=3 "$tmpdir/d.table" 2> "$log"
-cleanup_fn 'stop_pidfile "$tmpdir/mapper.pid"'
+start_server --stderr "$log" mapper -v -D nbdkit.backend.datapath=0 mapper \
+    remote-timeout=3 "$tmpdir/d.table"
 ms () { timeout 120 nbdsh -u "$uri" "$@"; }
 
 ms -c 'h.pwrite(b"A" * 65536, 0)' -c 'h.flush()'
@@ -74,7 +72,7 @@ client=$!
 wait_for test -e "$tmpdir/written" || die "the client did not write"
 
 # Back without multi-conn.
-kill_backend r KILL
+stop_server r KILL
 server no
 touch "$tmpdir/go"
 wait $client || { cat "$tmpdir/client.out"; grep 'nbd+unix' "$log" | tail -30; die "no multi-conn: the device failed"; }
@@ -99,7 +97,7 @@ echo "no multi-conn: one connection (number $kept) serves the device"
 refused ()
 {
     local why=$1; shift
-    kill_backend r KILL
+    stop_server r KILL
     server "$@"
     wait_for grep -q "reconnected, but $why: not using it" "$log" ||
         { grep 'nbd+unix' "$log" | tail -30; die "$why: not refused"; }
@@ -113,7 +111,7 @@ assert fails_eio(h.pread, 4096, 0), "read through a refused connection worked"
 refused "the export became read-only" no -r
 size=2097152 refused "the export shrank" no
 noflush=1 refused "the export lost a capability" no
-kill_backend r KILL
+stop_server r KILL
 server no
 ms -c '
 from nbdcheck import when_back
@@ -124,5 +122,5 @@ h.flush()
 ' || die "writable server back: the device failed"
 echo "read-only, smaller, flushless servers refused; the writable one used again"
 # The mapper first: its connections would hold the backend's exit up.
-stop_pidfile "$tmpdir/mapper.pid"
+stop_server mapper
 echo "$0: ok"

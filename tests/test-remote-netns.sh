@@ -28,7 +28,6 @@
 # directly inside them) and deleted at exit.  Skips (77) without iproute2
 # or the right to create namespaces.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
-source "$top_srcdir/tests/remote-functions.sh"
 
 requires nbdkit --version
 requires python3 -c 'import nbd'
@@ -55,16 +54,14 @@ link () { ip -n "$1" link set "$2" "$3"; }
 
 # The backend, in B on its veth address only.
 f=$(mkfile remote.img 16M)
-ip netns exec "$nsb" nbdkit -i "$addr_b" -p "$port" -P "$tmpdir/r.pid" \
-    file "$f" || die "backend: nbdkit file failed"
-# SIGKILL: connections that lived through a cut link still have data
+start_server --wrap "ip netns exec $nsb" r -i "$addr_b" -p "$port" file "$f"
+# At exit with SIGKILL: connections that lived through a cut link still have data
 # and their FIN queued behind a backed-off retransmission timer when the
 # mapper closes them (ss shows FIN-WAIT-1 on the mapper's side,
 # ESTABLISHED here), so the backend hears of their end only minutes
 # later, and nbdkit 1.32 waits at exit for its clients to go.  It is not
 # the server under test (the mapper is stopped with SIGTERM).
-cleanup_fn "kill_backend r KILL"
-wait_file "$tmpdir/r.pid"
+cleanup_fn "stop_server r KILL"
 
 l=$(mkfile local.img 1M)
 echo "0 32768 linear nbd://$addr_b:$port/ 0" > "$tmpdir/remote.table"
@@ -77,14 +74,11 @@ local_uri="nbd+unix:///local?socket=$sock"
 # (connection state changes) but not nbdkit's per-request messages.
 start_mapper ()
 {
-    rm -f "$sock" "$tmpdir/mapper.pid"
-    MAPPER_NETNS=$nsa mapper -v -D nbdkit.backend.datapath=0 \
-        -U "$sock" -P "$tmpdir/mapper.pid" remote-timeout="$1" \
-        "$tmpdir/remote.table" "$tmpdir/local.table" 2> "$2" ||
-        { cat "$2"; die "nbdkit mapper failed to start"; }
+    start_server --wrap "ip netns exec $nsa" --stderr "$2" mapper -v \
+        -D nbdkit.backend.datapath=0 mapper remote-timeout="$1" \
+        "$tmpdir/remote.table" "$tmpdir/local.table"
 }
-stop_mapper () { stop_pidfile "$tmpdir/mapper.pid"; }
-cleanup_fn stop_mapper
+stop_mapper () { stop_server mapper; }
 
 # --- 1. cut and restored within remote-timeout ----------------------------
 start_mapper 10 "$tmpdir/mapper1.log"
@@ -124,120 +118,9 @@ stop_mapper
 
 # --- 2. cut and left down; 3. flush after the loss ------------------------
 start_mapper 3 "$tmpdir/mapper2.log"
-cat > "$tmpdir/down.py" <<'EOF'
-import errno, os, re, subprocess, sys, time
-import nbd
-from nbdcheck import aio_wait, connect, fails_eio as eio, when_back
-sock, nsa, img, pidfile, log = sys.argv[1:6]
-timeout = int(sys.argv[6])
-nbdmsetup = sys.argv[7]
-
-def backend_state():
-    """nbdmsetup status --backends: the remote backend's state line."""
-    out = subprocess.run([nbdmsetup, "-c",
-                          "nbd+unix:///control?socket=%s" % sock,
-                          "status", "--backends", "remote"],
-                         check=True, capture_output=True, text=True).stdout
-    lines = [l for l in out.splitlines() if l.startswith("nbd ")]
-    assert len(lines) == 1, out
-    return lines[0]
-
-def conn(name):
-    return connect(sock, name)
-
-def link(state):
-    subprocess.check_call(["ip", "-n", nsa, "link", "set", "va", state])
-
-def log_text():
-    with open(log) as fp:
-        return fp.read()
-
-def dropped():
-    return set(re.findall(r"connection (\d+) up -> down: request timed out",
-                          log_text()))
-
-nconns = int(re.search(r"(\d+) connections?;", log_text()).group(1))
-r, loc = conn("remote"), conn("local")
-r.pwrite(b"F" * 65536, 0)
-r.flush()
-for i in range(600):            # every connection up before the cut
-    if len(re.findall(r"connection \d+ -> up", log_text())) >= nconns:
-        break
-    time.sleep(0.1)
-else:
-    raise AssertionError("not all %d connections came up" % nconns)
-r.pwrite(b"U" * 4096, 65536)    # acknowledged, never flushed (case 3)
-
-link("down")
-# A read and a write in flight on the cut-off backend while the local
-# device serves; both end with EIO.
-rd = r.aio_pread(nbd.Buffer(4096), 0)
-wr = r.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(b"W" * 4096)), 69632)
-for i in range(32):
-    loc.pwrite(bytes([97 + i % 26]) * 512, i * 512)
-for i in range(32):
-    assert loc.pread(512, i * 512) == bytes([97 + i % 26]) * 512
-loc.flush()
-assert aio_wait(r, rd) == errno.EIO, "read over a cut link did not fail with EIO"
-assert aio_wait(r, wr) == errno.EIO, "write over a cut link did not fail with EIO"
-print("cut link: read and write failed with EIO")
-# Each connection looks up until a request on it stalls: read until
-# every one was dropped.
-for i in range(2 * nconns):
-    if len(dropped()) == nconns:
-        break
-    assert eio(r.pread, 4096, 0), "a read worked with the link down"
-assert len(dropped()) == nconns, "dropped: %s" % sorted(dropped())
-print("cut link: all %d connections dropped as stalled" % nconns)
-# No connection for longer than remote-timeout, and reconnects fail at
-# once: requests fail at once, none waits for a connection any more.
-time.sleep(timeout + 1)
-mark = len(log_text())
-for i in range(5):
-    assert eio(r.pread, 4096, 0), "a read worked with the link down"
-    assert eio(r.pwrite, b"X" * 512, 1 << 20), "a write worked"
-assert "waiting for a connection" not in log_text()[mark:], \
-    "requests still wait for a connection of a backend known to be down"
-# The server is up: new clients connect, the local device works.
-loc2 = conn("local")
-assert loc2.pread(512, 0) == b"a" * 512
-loc2.shutdown()
-os.kill(int(open(pidfile).read()), 0)
-print("cut link: a backend known down fails at once; the local device works")
-st = backend_state()
-assert re.search(r": 0/%d connections up \(down for [0-9.]+s, reconnecting\)" % nconns,
-                 st), st
-assert not re.search(r", 0 connections lost", st), st
-print("nbdmsetup status --backends:", st)
-
-link("up")
-# Back: the device works again once a connection is up (bounded wait).
-data = when_back(r.pread, 4096, 65536,
-                 what="the device did not come back after the link did")
-assert data == b"U" * 4096
-assert r.pread(65536, 0) == b"F" * 65536
-print("link restored: the device reads again")
-st = backend_state()
-assert re.search(r": [1-9][0-9]*/%d connections up, " % nconns, st), st
-print("nbdmsetup status --backends:", st)
-
-# 3. The "U" write was acknowledged, not flushed, when the connection went.
-assert eio(r.flush), "flush after a lost connection succeeded"
-r.flush()                       # once only
-r.pwrite(b"V" * 4096, 73728)
-r.flush()
-r.shutdown()
-loc.shutdown()
-with open(img, "rb") as fp:
-    fp.seek(65536)
-    assert fp.read(4096) == b"U" * 4096
-    fp.seek(73728)
-    assert fp.read(4096) == b"V" * 4096
-print("flush after the lost connection: EIO once, then fine")
-EOF
 log=$tmpdir/mapper2.log
 : "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
-timeout 300 python3 "$tmpdir/down.py" "$sock" "$nsa" "$f" "$tmpdir/mapper.pid" \
+timeout 300 python3 "$top_srcdir/tests/remote_netns.py" "$sock" "$nsa" "$f" "$tmpdir/mapper.pid" \
         "$log" 3 "$NBDMSETUP" ||
     { link "$nsa" va up || :; grep 'nbd://' "$log" | tail -40; die "case 2/3"; }
 

@@ -5,7 +5,6 @@
 # flush rule: writes acknowledged but not flushed when the connection was
 # lost make the next flush fail with EIO, once.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
-source "$top_srcdir/tests/remote-functions.sh"
 
 requires nbdkit --version
 requires python3 -c 'import nbd'
@@ -13,27 +12,26 @@ requires fio --version
 requires sh -c 'fio --enghelp=nbd 2>&1 | grep -q uri'
 
 f=$(mkfile r.img 16M)
-backend r file "$f"
+start_server r file "$f"
 echo "0 32768 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
 
-cat > "$tmpdir/run.sh" <<'EOF'
-set -e
-tmpdir=$1 uri=$2 f=$3
-cd "$tmpdir"
-# About 3 s of rate-limited verified writes, then the verify pass.
+start_server mapper mapper remote-timeout=20 "$tmpdir/d.table"
+uri="nbd+unix:///d?socket=$tmpdir/mapper.sock"
+
+# About 3 s of rate-limited verified writes, then the verify pass; the
+# backend is killed after 1 s and back 1 s later.
 fio --name=kill --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k \
     --size=16M --io_size=8M --iodepth=16 --rate_iops=700 \
     --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
     > "$tmpdir/fio.out" 2>&1 &
 fio=$!
 sleep 1
-kill -9 "$(cat "$tmpdir/r.pid")"
+stop_server r KILL
 sleep 1
-rm -f "$tmpdir/r.sock"
-nbdkit -U "$tmpdir/r.sock" -P "$tmpdir/r.pid" file "$f"
-wait $fio || { cat "$tmpdir/fio.out"; exit 1; }
+start_server r file "$f"
+wait $fio || { cat "$tmpdir/fio.out"; die "fio failed across the restart"; }
 if grep -Ei 'verify.*(fail|bad)|bad magic|err= *[1-9]' "$tmpdir/fio.out"; then
-    cat "$tmpdir/fio.out"; exit 1
+    cat "$tmpdir/fio.out"; die "fio saw an error across the restart"
 fi
 grep -E 'WRITE:' "$tmpdir/fio.out"
 
@@ -41,10 +39,10 @@ grep -E 'WRITE:' "$tmpdir/fio.out"
 # the connection that was open fails with EIO, the one after succeeds,
 # and the data is readable.  A connection opened after a loss is not
 # affected (fio's, which never flushed, is gone).
-python3 - "$uri" "$tmpdir" "$f" <<'PYEOF'
-import os, signal, subprocess, sys, time
+python3 - "$uri" "$tmpdir" "$f" <<'PYEOF' || die "flush after lost writes"
+import sys
 import nbd
-from nbdcheck import fails_eio
+from nbdcheck import fails_eio, restart_server
 uri, d, f = sys.argv[1:4]
 h = nbd.NBD()
 h.connect_uri(uri)
@@ -52,19 +50,7 @@ h.connect_uri(uri)
 # connection came after: nothing of its own was lost.
 h.flush()
 h.pwrite(b"A" * 4096, 0)
-pid = int(open(d + "/r.pid").read())
-os.kill(pid, signal.SIGKILL)
-while True:                     # until the kernel has reaped it
-    try:
-        os.kill(pid, 0)
-        time.sleep(0.05)
-    except ProcessLookupError:
-        break
-    if open("/proc/%d/stat" % pid).read().split()[2] == "Z":
-        break
-os.unlink(d + "/r.sock")
-subprocess.check_call(["nbdkit", "-U", d + "/r.sock", "-P", d + "/r.pid",
-                       "file", f])
+restart_server(d, "r", ["file", f])
 assert h.pread(4096, 0) == b"A" * 4096      # retried on a new connection
 assert fails_eio(h.flush), "flush after a lost connection succeeded"
 h.flush()                                   # once only
@@ -73,9 +59,4 @@ h.flush()
 h.shutdown()
 print("flush after lost writes: EIO once")
 PYEOF
-EOF
-
-mapper -U - remote-timeout=20 "$tmpdir/d.table" \
-       --run "bash '$tmpdir/run.sh' '$tmpdir' \"\$uri\" '$f'" ||
-    die "reconnect"
 echo "$0: ok"

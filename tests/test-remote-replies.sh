@@ -8,7 +8,6 @@
 # without structured replies: connection 0 refuses to use it (the export
 # lost block status), the others carry on, and extents are "all data".
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
-source "$top_srcdir/tests/remote-functions.sh"
 
 requires nbdkit --version
 requires nbdkit --no-sr null --version
@@ -22,11 +21,8 @@ log=$tmpdir/back.log
 # negotiated); its log filter names the connection of each request.
 start_back ()
 {
-    rm -f "$tmpdir/r.sock"
-    nbdkit -f -v "$@" -U "$tmpdir/r.sock" -P "$tmpdir/r.pid" \
-        --filter=log file "$f" logfile="$tmpdir/req.log" 2> "$log" &
-    cleanup_fn "kill_backend r"
-    wait_file "$tmpdir/r.pid"
+    start_server --stderr "$log" r -f -v "$@" --filter=log file "$f" \
+        logfile="$tmpdir/req.log"
 }
 start_back
 echo "0 16384 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
@@ -106,9 +102,8 @@ print("io.py %s: ok, extents %s" % (mode, exts))
 EOF
 
 cd "$tmpdir"
-mapper -U "$tmpdir/m.sock" -P "$tmpdir/m.pid" remote-connections=4 \
+start_server m mapper remote-connections=4 \
        remote-timeout=30 "$tmpdir/d.table"
-cleanup_fn 'stop_pidfile "$tmpdir/m.pid"'
 wait_up 4
 mark=$(wc -l < "$tmpdir/req.log")
 python3 io.py "$tmpdir/m.sock" write || die "I/O through 4 connections"
@@ -134,7 +129,7 @@ done
 
 # The backend comes back without structured replies.  Connection 0 is
 # not used (it would lose block status); the other three are.
-kill_backend r KILL
+stop_server r KILL
 start_back --no-sr
 wait_up 3
 python3 io.py "$tmpdir/m.sock" all-data || die "I/O and extents without connection 0"
@@ -144,5 +139,5 @@ python3 io.py "$tmpdir/m.sock" all-data || die "I/O and extents without connecti
 grep -q '3/4 connections up' "$tmpdir/status.out" ||
     { cat "$tmpdir/status.out"; die "not 3/4 up after the I/O"; }
 # The mapper first: the backend waits for its clients to go.
-stop_pidfile "$tmpdir/m.pid"
+stop_server m
 echo "test-remote-replies: ok"

@@ -5,7 +5,6 @@
 # chunk is where dm-stripe puts it in the backing files, and fio verifies
 # mixed random I/O through it.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
-source "$top_srcdir/tests/remote-functions.sh"
 
 requires nbdkit --version
 requires nbdcopy --version
@@ -15,11 +14,9 @@ requires sh -c 'fio --enghelp=nbd 2>&1 | grep -q uri'
 
 for f in r0 r1 r2 l3; do mkfile $f.img 9M >/dev/null; done
 port=$(free_port)
-backend r0 file "$tmpdir/r0.img"
-backend_tcp r1 "$port" file "$tmpdir/r1.img"
-qemu-nbd -f raw -t --shared=8 -k "$tmpdir/r2.sock" \
-    --pid-file="$tmpdir/r2.pid" "$tmpdir/r2.img" & cleanup_fn "kill_backend r2"
-wait_file "$tmpdir/r2.pid"
+start_server r0 file "$tmpdir/r0.img"
+start_server r1 -i 127.0.0.1 -p "$port" file "$tmpdir/r1.img"
+start_qemu_nbd r2 "$tmpdir/r2.img"
 
 # 4 stripes x 4M, chunk 24 sectors (12K: not a power of two), each area
 # at a different offset of its backend.
@@ -52,7 +49,7 @@ mapper -U - "$tmpdir/s.table" \
        --run "bash '$tmpdir/run.sh' '$tmpdir' \"\$uri\"" ||
     die "striped remote device"
 # The servers are gone: everything reached the backing files.
-kill_backend r0; kill_backend r1; kill_backend r2
+stop_server r0; stop_server r1; stop_server r2
 
 python3 - "$tmpdir" <<'PYEOF'
 import sys

@@ -4,7 +4,6 @@
 # allows); data goes through.  A wrong key fails at table load with the
 # server's name in the message.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
-source "$top_srcdir/tests/remote-functions.sh"
 
 requires nbdkit --version
 requires python3 -c 'import nbd'
@@ -17,7 +16,7 @@ echo "alice:$(python3 -c 'import secrets; print(secrets.token_hex(32))')" \
 echo "alice:$(python3 -c 'import secrets; print(secrets.token_hex(32))')" \
      > "$tmpdir/wrong.psk"
 chmod 600 "$tmpdir/keys.psk" "$tmpdir/wrong.psk"
-backend t --tls=require --tls-psk="$tmpdir/keys.psk" memory 1M
+start_server t --tls=require --tls-psk="$tmpdir/keys.psk" memory 1M
 
 u="nbds+unix://alice@/?socket=$tmpdir/t.sock"
 echo "0 2048 linear $u&tls-psk-file=$tmpdir/keys.psk 0" > "$tmpdir/t.table"

@@ -38,17 +38,9 @@ h.flush()
 assert h.pread(65536, 8192) == data
 EOF
 
-# (Not through mapper (): strace runs nbdkit; under a sanitizer build the
-# ASan runtime must still come first.)
-asan=()
-if [ -n "$SANITIZER_LIBASAN" ]; then
-    asan=(-E "LD_PRELOAD=$SANITIZER_LIBASAN"
-          -E "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=99")
-fi
-strace -f -qq -e trace=fdatasync -o "$tmpdir/strace" "${asan[@]}" \
-    nbdkit -f -U - "$PLUGIN" "$tmpdir/lowa.table" "$tmpdir/lowb.table" \
-           "$tmpdir/top.table" \
-           --run "python3 '$tmpdir/io.py' \"\$unixsocket\"" ||
+mapper --wrap "strace -f -qq -e trace=fdatasync -o $tmpdir/strace" \
+       -f -U - "$tmpdir/lowa.table" "$tmpdir/lowb.table" "$tmpdir/top.table" \
+       --run "python3 '$tmpdir/io.py' \"\$unixsocket\"" ||
     die "I/O through the stacked mirror failed"
 
 # Two leaf files under three paths (lowa: f1+f2, lowb: f1): one

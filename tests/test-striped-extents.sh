@@ -8,7 +8,6 @@
 # request over a mostly sparse device is answered whole, not in pieces of
 # MAX_EXTENTS chunks.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
-source "$top_srcdir/tests/remote-functions.sh"
 
 requires nbdkit --version
 requires nbdinfo --version
@@ -29,59 +28,13 @@ EOF
 
 # reference TABLE: the map of a one-target striped table, from its files:
 # "offset length type" lines, adjacent extents of one type merged.
-cat > "$tmpdir/reference.py" <<'EOF'
-import os, sys
-words = open(sys.argv[1]).read().split()
-assert words[2] == "striped", words
-length = int(words[1]) * 512
-n, chunk = int(words[3]), int(words[4]) * 512
-stripes = [(words[5 + 2 * i], int(words[6 + 2 * i]) * 512) for i in range(n)]
-area = length // n
-pieces = []                       # (device offset, length): data
-for s, (path, start) in enumerate(stripes):
-    fd = os.open(path, os.O_RDONLY)
-    pos, end = start, start + area
-    while pos < end:
-        try:
-            data = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError:
-            break                 # ENXIO: holes to the end of the file
-        if data >= end:
-            break
-        hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
-        # Stripe bytes [data, hole) -> device, chunk by chunk.
-        q = data - start
-        while q < hole - start:
-            row, inc = divmod(q, chunk)
-            k = min(chunk - inc, hole - start - q)
-            pieces.append(((row * n + s) * chunk + inc, k))
-            q += k
-        pos = hole
-    os.close(fd)
-pieces.sort()
-out, at = [], 0
-def add(off, ln, ty):
-    if out and out[-1][2] == ty and out[-1][0] + out[-1][1] == off:
-        out[-1][1] += ln
-    else:
-        out.append([off, ln, ty])
-for off, ln in pieces:
-    if off > at:
-        add(at, off - at, 3)
-    add(off, ln, 0)
-    at = off + ln
-if at < length:
-    add(at, length - at, 3)
-for off, ln, ty in out:
-    print(off, ln, ty)
-EOF
 
 # check_map TABLE [URI-TABLE]: nbdinfo --map and qemu-img map of the
 # device of URI-TABLE (default TABLE) are the reference of TABLE.
 check_map ()
 {
     local table=$1 served=${2:-$1} want got
-    want=$(python3 "$tmpdir/reference.py" "$table")
+    want=$(python3 "$top_srcdir/tests/striped_reference.py" "$table")
     got=$(mapper -U - "$served" --run 'nbdinfo --map "$uri"' |
               awk '{ print $1, $2, $3 }')
     [ "$got" = "$want" ] || {
@@ -162,7 +115,7 @@ check_map "$tmpdir/odd.table"
 # --- the same through remote stripes answering at most 40 KiB each --------
 if nbdkit --filter=blocksize null --version >/dev/null 2>&1; then
     for i in 0 1 2; do
-        backend r$i --filter=blocksize file "$tmpdir/odd$i.img" maxlen=40960
+        start_server r$i --filter=blocksize file "$tmpdir/odd$i.img" maxlen=40960
     done
     echo "0 $((3 * rows * 7)) striped 3 7 nbd+unix:///?socket=$tmpdir/r0.sock 5 nbd+unix:///?socket=$tmpdir/r1.sock 0 nbd+unix:///?socket=$tmpdir/r2.sock 13" \
          > "$tmpdir/remote.table"

@@ -59,125 +59,128 @@ test_bad_tables (void)
 {
   const char *c = "aes-xts-plain64";
 
-  UT_FAIL (EINVAL, 1, "crypt", "expected <cipher> <key> <iv_offset> <dev> "
-           "<offset>", "got 0 arguments", "0 8 crypt\n");
-  UT_FAIL (EINVAL, 1, "crypt", "got 4 arguments", NULL,
-           "0 8 crypt %s %s 0 %s\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "expected <cipher> <key> <iv_offset> <dev> "
+             "<offset>", "got 0 arguments", "0 8 crypt\n");
+  UNIT_FAIL (EINVAL, 1, "crypt", "got 4 arguments", NULL,
+             "0 8 crypt %s %s 0 %s\n", c, KEY512, A);
 
   /* Keys. */
-  UT_FAIL (EINVAL, 1, "crypt", "odd number of hex digits (63)", NULL,
-           "0 8 crypt %s %.63s 0 %s 0\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "odd number of hex digits (1)", NULL,
-           "0 8 crypt %s 0 0 %s 0\n", c, A);
-  UT_FAIL (EINVAL, 1, "crypt", "key is not hexadecimal (character 3)", NULL,
-           "0 8 crypt %s 00g1%.60s 0 %s 0\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "key of 384 bits is not valid for aes-xts",
-           "256 bits for AES-128-XTS or 512 bits for AES-256-XTS",
-           "0 8 crypt %s %.96s 0 %s 0\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "key of 128 bits is not valid", NULL,
-           "0 8 crypt %s %.32s 0 %s 0\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "key of 1024 bits is too long", NULL,
-           "0 8 crypt %s %s%s 0 %s 0\n", c, KEY512, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "no key", NULL, "0 8 crypt %s - 0 %s 0\n",
-           c, A);
-  UT_FAIL (EINVAL, 1, "crypt", "kernel keyring keys", NULL,
-           "0 8 crypt %s :64:logon:cryptsetup:x 0 %s 0\n", c, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "odd number of hex digits (63)", NULL,
+             "0 8 crypt %s %.63s 0 %s 0\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "odd number of hex digits (1)", NULL,
+             "0 8 crypt %s 0 0 %s 0\n", c, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "key is not hexadecimal (character 3)", NULL,
+             "0 8 crypt %s 00g1%.60s 0 %s 0\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "key of 384 bits is not valid for aes-xts",
+             "256 bits for AES-128-XTS or 512 bits for AES-256-XTS",
+             "0 8 crypt %s %.96s 0 %s 0\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "key of 128 bits is not valid", NULL,
+             "0 8 crypt %s %.32s 0 %s 0\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "key of 1024 bits is too long", NULL,
+             "0 8 crypt %s %s%s 0 %s 0\n", c, KEY512, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "no key", NULL, "0 8 crypt %s - 0 %s 0\n",
+             c, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "kernel keyring keys", NULL,
+             "0 8 crypt %s :64:logon:cryptsetup:x 0 %s 0\n", c, A);
   /* OpenSSL refuses XTS keys whose two halves are equal. */
-  UT_FAIL (EINVAL, 1, "crypt", "key refused by OpenSSL", "identical",
-           "0 8 crypt %s %.32s%.32s 0 %s 0\n", c, KEY512, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "key refused by OpenSSL", "identical",
+             "0 8 crypt %s %.32s%.32s 0 %s 0\n", c, KEY512, KEY512, A);
   /* Also for AES-256-XTS, and for sectors done by OpenSSL's XTS rather
    * than batched from ECB (which would take such a key).
    */
-  UT_FAIL (EINVAL, 1, "crypt", "key refused by OpenSSL AES-256-XTS",
-           "identical", "0 8 crypt %s %.64s%.64s 0 %s 0\n", c, KEY512,
-           KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "key refused by OpenSSL AES-128-XTS",
-           "identical", "0 8 crypt %s %.32s%.32s 0 %s 0 1 sector_size:4096\n",
-           c, KEY512, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "key refused by OpenSSL AES-256-XTS",
+             "identical", "0 8 crypt %s %.64s%.64s 0 %s 0\n", c, KEY512,
+             KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "key refused by OpenSSL AES-128-XTS",
+             "identical",
+             "0 8 crypt %s %.32s%.32s 0 %s 0 1 sector_size:4096\n",
+             c, KEY512, KEY512, A);
 
   /* Ciphers and IV modes. */
-  UT_FAIL (EINVAL, 1, "crypt", "unknown cipher 'serpent'", NULL,
-           "0 8 crypt serpent-xts-plain64 %s 0 %s 0\n", KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "chain mode 'cbc' is not supported", NULL,
-           "0 8 crypt aes-cbc-essiv:sha256 %s 0 %s 0\n", KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "chain mode 'cbc'", NULL,
-           "0 8 crypt aes %s 0 %s 0\n", KEY256, A);
-  UT_FAIL (EINVAL, 1, "crypt", "IV mode required", NULL,
-           "0 8 crypt aes-xts %s 0 %s 0\n", KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "unknown IV mode 'essiv'", NULL,
-           "0 8 crypt aes-xts-essiv:sha256 %s 0 %s 0\n", KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "unknown IV mode 'benbi'", NULL,
-           "0 8 crypt aes-xts-benbi %s 0 %s 0\n", KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "IV mode plain64 takes no options", NULL,
-           "0 8 crypt aes-xts-plain64:sha256 %s 0 %s 0\n", KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "key count '2' is not supported", NULL,
-           "0 8 crypt aes:2-xts-plain64 %s 0 %s 0\n", KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "cipher 'cbc(aes)' is not supported", NULL,
-           "0 8 crypt capi:cbc(aes)-plain64 %s 0 %s 0\n", KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "IV mode missing", NULL,
-           "0 8 crypt capi:xts(aes) %s 0 %s 0\n", KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "unknown cipher 'serpent'", NULL,
+             "0 8 crypt serpent-xts-plain64 %s 0 %s 0\n", KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "chain mode 'cbc' is not supported", NULL,
+             "0 8 crypt aes-cbc-essiv:sha256 %s 0 %s 0\n", KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "chain mode 'cbc'", NULL,
+             "0 8 crypt aes %s 0 %s 0\n", KEY256, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "IV mode required", NULL,
+             "0 8 crypt aes-xts %s 0 %s 0\n", KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "unknown IV mode 'essiv'", NULL,
+             "0 8 crypt aes-xts-essiv:sha256 %s 0 %s 0\n", KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "unknown IV mode 'benbi'", NULL,
+             "0 8 crypt aes-xts-benbi %s 0 %s 0\n", KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "IV mode plain64 takes no options", NULL,
+             "0 8 crypt aes-xts-plain64:sha256 %s 0 %s 0\n", KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "key count '2' is not supported", NULL,
+             "0 8 crypt aes:2-xts-plain64 %s 0 %s 0\n", KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "cipher 'cbc(aes)' is not supported", NULL,
+             "0 8 crypt capi:cbc(aes)-plain64 %s 0 %s 0\n", KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "IV mode missing", NULL,
+             "0 8 crypt capi:xts(aes) %s 0 %s 0\n", KEY512, A);
 
   /* Optional parameters. */
-  UT_FAIL (EINVAL, 1, "crypt", "invalid number of optional parameters 'x'",
-           NULL, "0 8 crypt %s %s 0 %s 0 x\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "invalid number of optional parameters '9'",
-           NULL, "0 8 crypt %s %s 0 %s 0 9 %s\n", c, KEY512, A,
-           "a a a a a a a a a");
-  UT_FAIL (EINVAL, 1, "crypt", "2 optional parameters declared but 1 given",
-           NULL, "0 8 crypt %s %s 0 %s 0 2 allow_discards\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "1 optional parameter declared but 2 given",
-           NULL, "0 8 crypt %s %s 0 %s 0 1 allow_discards iv_large_sectors\n",
-           c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "unknown optional parameter 'discard'", NULL,
-           "0 8 crypt %s %s 0 %s 0 1 discard\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "'integrity:28:aead' is not supported", NULL,
-           "0 8 crypt %s %s 0 %s 0 1 integrity:28:aead\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "invalid number of optional parameters 'x'",
+             NULL, "0 8 crypt %s %s 0 %s 0 x\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "invalid number of optional parameters '9'",
+             NULL, "0 8 crypt %s %s 0 %s 0 9 %s\n", c, KEY512, A,
+             "a a a a a a a a a");
+  UNIT_FAIL (EINVAL, 1, "crypt", "2 optional parameters declared but 1 given",
+             NULL, "0 8 crypt %s %s 0 %s 0 2 allow_discards\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "1 optional parameter declared but 2 given",
+             NULL,
+             "0 8 crypt %s %s 0 %s 0 1 allow_discards iv_large_sectors\n",
+             c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "unknown optional parameter 'discard'", NULL,
+             "0 8 crypt %s %s 0 %s 0 1 discard\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "'integrity:28:aead' is not supported", NULL,
+             "0 8 crypt %s %s 0 %s 0 1 integrity:28:aead\n", c, KEY512, A);
   {
     static const char *bad_ss[] = { "1000", "256", "0", "8192", "511",
                                     "1536", "x", "", "4096x", "-512" };
     for (size_t i = 0; i < ARRAY_SIZE (bad_ss); i++) {
       char want[64];
       snprintf (want, sizeof want, "invalid sector_size '%s'", bad_ss[i]);
-      UT_FAIL (EINVAL, 1, "crypt", want, "power of two from 512 to 4096",
-               "0 64 crypt %s %s 0 %s 0 1 sector_size:%s\n", c, KEY512, A,
-               bad_ss[i]);
+      UNIT_FAIL (EINVAL, 1, "crypt", want, "power of two from 512 to 4096",
+                 "0 64 crypt %s %s 0 %s 0 1 sector_size:%s\n", c, KEY512, A,
+                 bad_ss[i]);
     }
   }
-  UT_FAIL (EINVAL, 1, "crypt", "target length 9 sectors is not a multiple "
-           "of sector_size 4096", NULL,
-           "0 9 crypt %s %s 0 %s 0 1 sector_size:4096\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "target length 3 sectors", NULL,
-           "0 3 crypt %s %s 0 %s 0 1 sector_size:1024\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "target length 9 sectors is not a multiple "
+             "of sector_size 4096", NULL,
+             "0 9 crypt %s %s 0 %s 0 1 sector_size:4096\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "target length 3 sectors", NULL,
+             "0 3 crypt %s %s 0 %s 0 1 sector_size:1024\n", c, KEY512, A);
 
   /* iv_offset and the device offset, aligned to sector_size. */
-  UT_FAIL (EINVAL, 1, "crypt", "iv_offset 'x'", NULL,
-           "0 8 crypt %s %s x %s 0\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "iv_offset '-1'", NULL,
-           "0 8 crypt %s %s -1 %s 0\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "iv_offset 3 is not a multiple of "
-           "sector_size 4096 (8 sectors)", NULL,
-           "0 8 crypt %s %s 3 %s 0 1 sector_size:4096\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "iv_offset 2 is not a multiple", NULL,
-           "0 8 crypt %s %s 2 %s 0 2 iv_large_sectors sector_size:2048\n", c,
-           KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "offset 'y'", NULL,
-           "0 8 crypt %s %s 0 %s y\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "offset 1 is not a multiple of sector_size "
-           "4096 (8 sectors)", NULL,
-           "0 8 crypt %s %s 0 %s 1 1 sector_size:4096\n", c, KEY512, A);
-  UT_FAIL (EINVAL, 1, "crypt", "offset 4 is not a multiple of sector_size "
-           "4096", NULL, "0 8 crypt %s %s 8 %s 4 1 sector_size:4096\n", c,
-           KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "iv_offset 'x'", NULL,
+             "0 8 crypt %s %s x %s 0\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "iv_offset '-1'", NULL,
+             "0 8 crypt %s %s -1 %s 0\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "iv_offset 3 is not a multiple of "
+             "sector_size 4096 (8 sectors)", NULL,
+             "0 8 crypt %s %s 3 %s 0 1 sector_size:4096\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "iv_offset 2 is not a multiple", NULL,
+             "0 8 crypt %s %s 2 %s 0 2 iv_large_sectors sector_size:2048\n", c,
+             KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "offset 'y'", NULL,
+             "0 8 crypt %s %s 0 %s y\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "offset 1 is not a multiple of sector_size "
+             "4096 (8 sectors)", NULL,
+             "0 8 crypt %s %s 0 %s 1 1 sector_size:4096\n", c, KEY512, A);
+  UNIT_FAIL (EINVAL, 1, "crypt", "offset 4 is not a multiple of sector_size "
+             "4096", NULL, "0 8 crypt %s %s 8 %s 4 1 sector_size:4096\n", c,
+             KEY512, A);
 
   /* The device. */
-  UT_FAIL (ENOENT, 1, "crypt", "nonexistent", NULL,
-           "0 8 crypt %s %s 0 %s/nonexistent 0\n", c, KEY512, unit_tmpdir ());
-  UT_FAIL (EINVAL, 1, "crypt", "beyond the end", NULL,
-           "0 16 crypt %s %s 0 %s %d\n", c, KEY512, A, FILE_SECTORS - 8);
+  UNIT_FAIL (ENOENT, 1, "crypt", "nonexistent", NULL,
+             "0 8 crypt %s %s 0 %s/nonexistent 0\n", c, KEY512,
+             unit_tmpdir ());
+  UNIT_FAIL (EINVAL, 1, "crypt", "beyond the end", NULL,
+             "0 16 crypt %s %s 0 %s %d\n", c, KEY512, A, FILE_SECTORS - 8);
   /* A later line: the earlier crypt targets are freed. */
-  UT_FAIL (EINVAL, 2, "crypt", "odd number", NULL,
-           "0 8 crypt %s %s 0 %s 0\n8 8 crypt %s 123 0 %s 8\n", c, KEY512, A,
-           c, A);
+  UNIT_FAIL (EINVAL, 2, "crypt", "odd number", NULL,
+             "0 8 crypt %s %s 0 %s 0\n8 8 crypt %s 123 0 %s 8\n", c, KEY512, A,
+             c, A);
 }
 
 static void
@@ -213,7 +216,7 @@ test_format (void)
     char *text = unit_sprintf ("0 64 crypt %s\n", in);
     char *want = unit_sprintf ("0 64 crypt %s\n", out);
 
-    ut_check_roundtrip (text, want);
+    unit_check_roundtrip (text, want);
     free (in);
     free (out);
     free (text);
@@ -234,9 +237,9 @@ crypt_dev (const char *cipher, const char *key, const char *opts)
   unit_write_file (A, NULL, FILE_SECTORS * S);
   unit_write_file (B, NULL, FILE_SECTORS * S);
   snprintf (name, sizeof name, "c%d", dev_nr++);
-  return ut_device (name, ut_parse ("0 1024 crypt %s %s 64 %s 8 %s\n"
-                                    "1024 24 linear %s 0\n",
-                                    cipher, key, A, opts, B));
+  return unit_device (name, unit_parse ("0 1024 crypt %s %s 64 %s 8 %s\n"
+                                        "1024 24 linear %s 0\n",
+                                        cipher, key, A, opts, B));
 }
 
 /* Random-ish writes at every alignment against a model of the device;
@@ -294,19 +297,19 @@ test_roundtrip (const char *cipher, const char *key, const char *opts)
   }
   CHECK (device_flush (dev, 0) == 0);
   /* The linear part is plaintext, the crypt part is not. */
-  disk = ut_read_at (B, 0, 24 * S);
+  disk = unit_read_at (B, 0, 24 * S);
   CHECK (memcmp (disk, model + 1024 * S, 24 * S) == 0);
   free (disk);
-  disk = ut_read_at (A, 8 * S, 1024 * S);
+  disk = unit_read_at (A, 8 * S, 1024 * S);
   for (uint64_t off = 0; off < 1024 * S; off += 512)
     CHECKF (memcmp (disk + off, model + off, 16) != 0,
             "plaintext on disk at %" PRIu64, off);
   free (disk);
   /* Sectors outside the target untouched. */
-  disk = ut_read_at (A, 0, 8 * S);
+  disk = unit_read_at (A, 0, 8 * S);
   CHECK (unit_is_zero (disk, 8 * S));
   free (disk);
-  disk = ut_read_at (A, 1032 * S, (FILE_SECTORS - 1032) * S);
+  disk = unit_read_at (A, 1032 * S, (FILE_SECTORS - 1032) * S);
   CHECK (unit_is_zero (disk, (FILE_SECTORS - 1032) * S));
   free (disk);
   device_destroy (dev);
@@ -420,9 +423,9 @@ test_vs_openssl_xts (const char *mode, size_t key_len, uint64_t ss,
     snprintf (opts, sizeof opts, "%s", nopts ? "1 iv_large_sectors" : "");
   snprintf (name, sizeof name, "x%d", dev_nr++);
   unit_write_file (A, NULL, FILE_SECTORS * S);
-  dev = ut_device (name, ut_parse ("0 1024 crypt aes-xts-%s %s %" PRIu64
-                                   " %s 8 %s\n", mode, hex, iv_offset, A,
-                                   opts));
+  dev = unit_device (name, unit_parse ("0 1024 crypt aes-xts-%s %s %" PRIu64
+                                       " %s 8 %s\n", mode, hex, iv_offset, A,
+                                       opts));
 
   /* Writes: whole sectors in requests of many lengths, then a few bytes
    * rewritten unaligned (the same bytes: read-modify-write).
@@ -435,7 +438,7 @@ test_vs_openssl_xts (const char *mode, size_t key_len, uint64_t ss,
   CHECK (device_pwrite (dev, plain + ss - 3, 700, ss - 3, 0) == 0);
   xts_ref (true, key, key_len, mode, iv_offset, ss, large, 0, plain, want,
            size);
-  got = ut_read_at (A, 8 * S, size);
+  got = unit_read_at (A, 8 * S, size);
   CHECKF (memcmp (got, want, size) == 0, "aes-xts-%s %zu-bit key "
           "sector_size %" PRIu64 "%s iv_offset %" PRIu64 ": encrypted "
           "sector %ld differs from OpenSSL's XTS", mode, key_len * 8, ss,
@@ -636,7 +639,7 @@ test_zero_trim (const char *opts, uint64_t ss)
     memset (want + 100, 0, 5000);
     CHECK (memcmp (buf, want, sizeof want) == 0);
   }
-  disk = ut_read_at (A, 8 * S + ss, ss);
+  disk = unit_read_at (A, 8 * S + ss, ss);
   CHECK (!unit_is_zero (disk, ss));
   free (disk);
   CHECK (device_zero (dev, 4096, 0, MAPPER_FAST_ZERO) == -ENOTSUP);
@@ -645,9 +648,9 @@ test_zero_trim (const char *opts, uint64_t ss)
    * allow_discards; nothing changes without.  Bytes outside read the same.
    */
   CHECK (device_pread (dev, buf, sizeof buf, 0, 0) == 0);
-  before = ut_read_at (A, 8 * S, sizeof buf);
+  before = unit_read_at (A, 8 * S, sizeof buf);
   CHECK (device_trim (dev, 10000, 100, 0) == 0);
-  disk = ut_read_at (A, 8 * S, sizeof buf);
+  disk = unit_read_at (A, 8 * S, sizeof buf);
   if (discards) {
     uint64_t first = (100 + ss - 1) / ss * ss, last = 10100 / ss * ss;
     CHECK (memcmp (disk, before, first) == 0);

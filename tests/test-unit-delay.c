@@ -58,52 +58,53 @@ test_bad_tables (void)
       strcat (args, a[j % 3]);
     }
     snprintf (want, sizeof want, "got %u", bad_argc[i]);
-    UT_FAIL (EINVAL, 1, "delay", "expected 3, 6 or 9 arguments", want,
-             "0 8 delay%s\n", args);
+    UNIT_FAIL (EINVAL, 1, "delay", "expected 3, 6 or 9 arguments", want,
+               "0 8 delay%s\n", args);
   }
   /* The example: 4 arguments. */
-  UT_FAIL (EINVAL, 2, "delay", "expected 3, 6 or 9", "got 4",
-           "0 8 zero\n8 8 delay %s 0 10 %s\n", R, W);
+  UNIT_FAIL (EINVAL, 2, "delay", "expected 3, 6 or 9", "got 4",
+             "0 8 zero\n8 8 delay %s 0 10 %s\n", R, W);
 
   /* Numbers, per class. */
-  UT_FAIL (EINVAL, 1, "delay", "offset 'x'", "not a non-negative integer",
-           "0 8 delay %s x 0\n", R);
-  UT_FAIL (EINVAL, 1, "delay", "offset '-1'", NULL, "0 8 delay %s -1 0\n", R);
-  UT_FAIL (EINVAL, 1, "delay", "offset '18446744073709551615'", "overflows",
-           "0 8 delay %s 18446744073709551615 0\n", R);
-  UT_FAIL (EINVAL, 1, "delay", "delay '1.5'", "milliseconds",
-           "0 8 delay %s 0 1.5\n", R);
-  UT_FAIL (EINVAL, 1, "delay", "delay '4294967296'", NULL,
-           "0 8 delay %s 0 4294967296\n", R);
-  UT_FAIL (EINVAL, 1, "delay", "delay '10ms'", NULL, "0 8 delay %s 0 10ms\n",
-           R);
-  UT_FAIL (EINVAL, 1, "delay", "write offset 'y'", NULL,
-           "0 8 delay %s 0 0 %s y 0\n", R, W);
-  UT_FAIL (EINVAL, 1, "delay", "write delay '-3'", NULL,
-           "0 8 delay %s 0 0 %s 0 -3\n", R, W);
-  UT_FAIL (EINVAL, 1, "delay", "flush offset '1e3'", NULL,
-           "0 8 delay %s 0 0 %s 0 0 %s 1e3 0\n", R, W, F);
-  UT_FAIL (EINVAL, 1, "delay", "flush delay ''", NULL,
-           "0 8 delay %s 0 0 %s 0 0 %s 0 ''\n", R, W, F);
+  UNIT_FAIL (EINVAL, 1, "delay", "offset 'x'", "not a non-negative integer",
+             "0 8 delay %s x 0\n", R);
+  UNIT_FAIL (EINVAL, 1, "delay", "offset '-1'", NULL,
+             "0 8 delay %s -1 0\n", R);
+  UNIT_FAIL (EINVAL, 1, "delay", "offset '18446744073709551615'", "overflows",
+             "0 8 delay %s 18446744073709551615 0\n", R);
+  UNIT_FAIL (EINVAL, 1, "delay", "delay '1.5'", "milliseconds",
+             "0 8 delay %s 0 1.5\n", R);
+  UNIT_FAIL (EINVAL, 1, "delay", "delay '4294967296'", NULL,
+             "0 8 delay %s 0 4294967296\n", R);
+  UNIT_FAIL (EINVAL, 1, "delay", "delay '10ms'", NULL, "0 8 delay %s 0 10ms\n",
+             R);
+  UNIT_FAIL (EINVAL, 1, "delay", "write offset 'y'", NULL,
+             "0 8 delay %s 0 0 %s y 0\n", R, W);
+  UNIT_FAIL (EINVAL, 1, "delay", "write delay '-3'", NULL,
+             "0 8 delay %s 0 0 %s 0 -3\n", R, W);
+  UNIT_FAIL (EINVAL, 1, "delay", "flush offset '1e3'", NULL,
+             "0 8 delay %s 0 0 %s 0 0 %s 1e3 0\n", R, W, F);
+  UNIT_FAIL (EINVAL, 1, "delay", "flush delay ''", NULL,
+             "0 8 delay %s 0 0 %s 0 0 %s 0 ''\n", R, W, F);
 
   /* Devices: missing, and areas beyond the end, in each class. */
-  UT_FAIL (ENOENT, 1, "delay", "nonexistent", NULL,
-           "0 8 delay %s/nonexistent 0 0\n", unit_tmpdir ());
-  UT_FAIL (ENOENT, 1, "delay", "nonexistent", NULL,
-           "0 8 delay %s 0 0 %s/nonexistent 0 0\n", R, unit_tmpdir ());
-  UT_FAIL (ENOENT, 1, "delay", "nonexistent", NULL,
-           "0 8 delay %s 0 0 %s 0 0 %s/nonexistent 0 0\n", R, W,
-           unit_tmpdir ());
-  UT_FAIL (EINVAL, 1, "delay", "beyond the end", R, "0 8 delay %s 249 0\n",
-           R);
-  UT_FAIL (EINVAL, 1, "delay", "beyond the end", W,
-           "0 8 delay %s 0 0 %s 249 0\n", R, W);
-  UT_FAIL (EINVAL, 1, "delay", "beyond the end", F,
-           "0 8 delay %s 0 0 %s 0 0 %s 57 0\n", R, W, F);
+  UNIT_FAIL (ENOENT, 1, "delay", "nonexistent", NULL,
+             "0 8 delay %s/nonexistent 0 0\n", unit_tmpdir ());
+  UNIT_FAIL (ENOENT, 1, "delay", "nonexistent", NULL,
+             "0 8 delay %s 0 0 %s/nonexistent 0 0\n", R, unit_tmpdir ());
+  UNIT_FAIL (ENOENT, 1, "delay", "nonexistent", NULL,
+             "0 8 delay %s 0 0 %s 0 0 %s/nonexistent 0 0\n", R, W,
+             unit_tmpdir ());
+  UNIT_FAIL (EINVAL, 1, "delay", "beyond the end", R, "0 8 delay %s 249 0\n",
+             R);
+  UNIT_FAIL (EINVAL, 1, "delay", "beyond the end", W,
+             "0 8 delay %s 0 0 %s 249 0\n", R, W);
+  UNIT_FAIL (EINVAL, 1, "delay", "beyond the end", F,
+             "0 8 delay %s 0 0 %s 0 0 %s 57 0\n", R, W, F);
   /* Any later line's error leaves nothing behind either. */
-  UT_FAIL (EINVAL, 3, "delay", "expected 3, 6 or 9", NULL,
-           "0 8 delay %s 0 0 %s 0 0 %s 0 0\n8 8 delay %s 8 5\n"
-           "16 8 delay %s\n", R, W, F, R, R);
+  UNIT_FAIL (EINVAL, 3, "delay", "expected 3, 6 or 9", NULL,
+             "0 8 delay %s 0 0 %s 0 0 %s 0 0\n8 8 delay %s 8 5\n"
+             "16 8 delay %s\n", R, W, F, R, R);
 }
 
 static void
@@ -112,22 +113,22 @@ test_format (void)
   struct table *t;
   char *want;
 
-  t = ut_parse ("0 8 delay %s 3 100\n", R);
+  t = unit_parse ("0 8 delay %s 3 100\n", R);
   want = unit_sprintf ("0 8 delay %s 3 100\n", R);
   if (t) {
-    ut_check_format (t, want);
-    CHECK (strcmp (ut_status (t, 0, STATUSTYPE_INFO), "0 0 0") == 0);
+    unit_check_format (t, want);
+    CHECK (strcmp (unit_status (t, 0, STATUSTYPE_INFO), "0 0 0") == 0);
     CHECK (table_nr_backends (t) == 1);
     table_free (t);
   }
   free (want);
 
-  t = ut_parse ("0 8 delay %s 3 100 %s 7 0\n8 4 delay %s 0 0 %s 1 2 %s 5 "
-                "4294967295\n", R, W, R, W, F);
+  t = unit_parse ("0 8 delay %s 3 100 %s 7 0\n8 4 delay %s 0 0 %s 1 2 %s 5 "
+                  "4294967295\n", R, W, R, W, F);
   want = unit_sprintf ("0 8 delay %s 3 100 %s 7 0\n8 4 delay %s 0 0 %s 1 2 "
                        "%s 5 4294967295\n", R, W, R, W, F);
   if (t) {
-    ut_check_format (t, want);
+    unit_check_format (t, want);
     CHECK (table_nr_backends (t) == 3);
     table_free (t);
   }
@@ -143,24 +144,24 @@ test_mapping (void)
   unsigned char buf[8 * S], want[8 * S], *disk;
   struct device *dev;
 
-  dev = ut_device ("map", ut_parse ("0 8 delay %s 10 0 %s 20 0\n", R, W));
+  dev = unit_device ("map", unit_parse ("0 8 delay %s 10 0 %s 20 0\n", R, W));
   CHECK (device_pread (dev, buf, 8 * S, 0, 0) == 0);
   unit_fill (want, 8 * S, 1, 10 * S);
   CHECK (memcmp (buf, want, 8 * S) == 0);
 
   unit_fill (want, 3 * S + 7, 77, 0);
   CHECK (device_pwrite (dev, want, 3 * S + 7, 5, MAPPER_FUA) == 0);
-  disk = ut_read_at (W, 20 * S + 5, 3 * S + 7);
+  disk = unit_read_at (W, 20 * S + 5, 3 * S + 7);
   CHECK (memcmp (disk, want, 3 * S + 7) == 0);
   free (disk);
   /* The read device is untouched. */
-  disk = ut_read_at (R, 10 * S, 8 * S);
+  disk = unit_read_at (R, 10 * S, 8 * S);
   unit_fill (want, 8 * S, 1, 10 * S);
   CHECK (memcmp (disk, want, 8 * S) == 0);
   free (disk);
 
   CHECK (device_zero (dev, 2 * S, S, 0) == 0);
-  disk = ut_read_at (W, 21 * S, 2 * S);
+  disk = unit_read_at (W, 21 * S, 2 * S);
   CHECK (unit_is_zero (disk, 2 * S));
   free (disk);
   CHECK (device_trim (dev, S, 4 * S, 0) == 0);
@@ -168,12 +169,12 @@ test_mapping (void)
   device_destroy (dev);
 
   /* 3-argument form: everything on one device. */
-  dev = ut_device ("one", ut_parse ("0 8 delay %s 100 0\n", W));
+  dev = unit_device ("one", unit_parse ("0 8 delay %s 100 0\n", W));
   unit_fill (want, 8 * S, 78, 0);
   CHECK (device_pwrite (dev, want, 8 * S, 0, 0) == 0);
   CHECK (device_pread (dev, buf, 8 * S, 0, 0) == 0);
   CHECK (memcmp (buf, want, 8 * S) == 0);
-  disk = ut_read_at (W, 100 * S, 8 * S);
+  disk = unit_read_at (W, 100 * S, 8 * S);
   CHECK (memcmp (disk, want, 8 * S) == 0);
   free (disk);
   device_destroy (dev);
@@ -223,7 +224,7 @@ wait_status (struct device *dev, const char *want)
   for (;;) {
     const char *s;
     pthread_mutex_lock (&dev->lock);
-    s = ut_status (dev->live, 0, STATUSTYPE_INFO);
+    s = unit_status (dev->live, 0, STATUSTYPE_INFO);
     if (strcmp (s, want) == 0) {
       pthread_mutex_unlock (&dev->lock);
       return;
@@ -256,7 +257,7 @@ held_then_released (struct device *dev, enum io_op op, const char *status)
   pthread_join (th, NULL);
   CHECKF (o.result == 0, "%s: %s", io_op_name[op], strerror (-o.result));
   pthread_mutex_lock (&dev->lock);
-  CHECK (strcmp (ut_status (dev->live, 0, STATUSTYPE_INFO), "0 0 0") == 0);
+  CHECK (strcmp (unit_status (dev->live, 0, STATUSTYPE_INFO), "0 0 0") == 0);
   pthread_mutex_unlock (&dev->lock);
   CHECK (device_resume (dev, &err) == 0);
 }
@@ -268,16 +269,16 @@ test_suspend_releases (void)
   struct device *dev;
 
   /* Hour-long delays for every class, each class on its own device. */
-  dev = ut_device ("held", ut_parse ("0 16 delay %s 0 " HOUR " %s 0 " HOUR
-                                     " %s 0 " HOUR "\n", R, W, F));
+  dev = unit_device ("held", unit_parse ("0 16 delay %s 0 " HOUR " %s 0 " HOUR
+                                         " %s 0 " HOUR "\n", R, W, F));
   held_then_released (dev, IO_READ, "1 0 0");
   held_then_released (dev, IO_WRITE, "0 1 0");
   unit_fill (want, sizeof want, 5, 0);
-  disk = ut_read_at (W, 0, sizeof want);
+  disk = unit_read_at (W, 0, sizeof want);
   CHECK (memcmp (disk, want, sizeof want) == 0);    /* written, not lost */
   free (disk);
   held_then_released (dev, IO_ZERO, "0 1 0");
-  disk = ut_read_at (W, 0, sizeof want);
+  disk = unit_read_at (W, 0, sizeof want);
   CHECK (unit_is_zero (disk, sizeof want));
   free (disk);
   held_then_released (dev, IO_FLUSH, "0 0 1");
@@ -290,14 +291,14 @@ test_suspend_releases (void)
   device_destroy (dev);
 
   /* A 3-argument table delays writes and flushes with the read class. */
-  dev = ut_device ("held3", ut_parse ("0 16 delay %s 0 " HOUR "\n", W));
+  dev = unit_device ("held3", unit_parse ("0 16 delay %s 0 " HOUR "\n", W));
   held_then_released (dev, IO_WRITE, "0 1 0");
   held_then_released (dev, IO_FLUSH, "0 0 1");
   device_destroy (dev);
 
   /* A 6-argument table delays flushes with the write class. */
-  dev = ut_device ("held6", ut_parse ("0 16 delay %s 0 0 %s 0 " HOUR "\n",
-                                      R, W));
+  dev = unit_device ("held6", unit_parse ("0 16 delay %s 0 0 %s 0 " HOUR "\n",
+                                          R, W));
   held_then_released (dev, IO_FLUSH, "0 0 1");
   device_destroy (dev);
 
@@ -309,13 +310,13 @@ test_suspend_releases (void)
     struct op o = { .op = IO_READ };
     pthread_t th;
 
-    dev = ut_device ("reload", ut_parse ("0 16 delay %s 0 " HOUR "\n", R));
+    dev = unit_device ("reload", unit_parse ("0 16 delay %s 0 " HOUR "\n", R));
     o.dev = dev;
     atomic_init (&o.done, false);
     if (pthread_create (&th, NULL, op_thread, &o) != 0)
       UNIT_FATAL ("pthread_create");
     wait_status (dev, "1 0 0");
-    device_load (dev, ut_parse ("0 16 linear %s 0\n", R));
+    device_load (dev, unit_parse ("0 16 linear %s 0\n", R));
     CHECK (device_resume (dev, &err) == 0);
     pthread_join (th, NULL);
     CHECK (o.result == 0);
@@ -337,8 +338,8 @@ test_zero_delay (void)
   struct op o = { .op = IO_WRITE };
   pthread_t th;
 
-  dev = ut_device ("zero", ut_parse ("0 16 delay %s 0 0 %s 0 " HOUR "\n",
-                                     R, W));
+  dev = unit_device ("zero", unit_parse ("0 16 delay %s 0 0 %s 0 " HOUR "\n",
+                                         R, W));
   o.dev = dev;
   atomic_init (&o.done, false);
   if (pthread_create (&th, NULL, op_thread, &o) != 0)
@@ -382,9 +383,9 @@ test_given_up (void)
 
   mapper_request_abandoned = abandoned_hook;
   unit_write_file (unit_path ("given-up"), NULL, 64 * S);
-  dev = ut_device ("given-up", ut_parse ("0 16 delay %s 0 " HOUR " %s 0 "
-                                         HOUR "\n", R,
-                                         unit_path ("given-up")));
+  dev = unit_device ("given-up", unit_parse ("0 16 delay %s 0 " HOUR " %s 0 "
+                                             HOUR "\n", R,
+                                             unit_path ("given-up")));
   for (size_t i = 0; i < ARRAY_SIZE (held); i++) {
     struct op o = { .dev = dev, .op = held[i].op };
     pthread_t th;
@@ -400,10 +401,10 @@ test_given_up (void)
     CHECKF (o.result == -ESHUTDOWN, "%s: %s", io_op_name[held[i].op],
             strerror (-o.result));
     pthread_mutex_lock (&dev->lock);
-    CHECK (strcmp (ut_status (dev->live, 0, STATUSTYPE_INFO), "0 0 0") == 0);
+    CHECK (strcmp (unit_status (dev->live, 0, STATUSTYPE_INFO), "0 0 0") == 0);
     pthread_mutex_unlock (&dev->lock);
   }
-  disk = ut_read_at (unit_path ("given-up"), 0, 16 * S);
+  disk = unit_read_at (unit_path ("given-up"), 0, 16 * S);
   CHECK (unit_is_zero (disk, 16 * S));          /* the write never landed */
   free (disk);
   held_then_released (dev, IO_READ, "1 0 0");

@@ -56,104 +56,107 @@ static void
 test_bad_tables (void)
 {
   /* Argument counts. */
-  UT_FAIL (EINVAL, 1, "flakey", "expected <dev> <offset> <up_interval>",
-           "got 0 arguments", "0 8 flakey\n");
-  UT_FAIL (EINVAL, 1, "flakey", "got 3 arguments", NULL,
-           "0 8 flakey %s 0 1\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "expected <dev> <offset> <up_interval>",
+             "got 0 arguments", "0 8 flakey\n");
+  UNIT_FAIL (EINVAL, 1, "flakey", "got 3 arguments", NULL,
+             "0 8 flakey %s 0 1\n", A);
   /* Numbers. */
-  UT_FAIL (EINVAL, 1, "flakey", "offset 'x'", NULL, "0 8 flakey %s x 1 1\n",
-           A);
-  UT_FAIL (EINVAL, 1, "flakey", "offset '18446744073709551615'",
-           "overflows", "0 8 flakey %s 18446744073709551615 1 1\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "invalid up interval '-1'", NULL,
-           "0 8 flakey %s 0 -1 1\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "invalid up interval '4294967296'", NULL,
-           "0 8 flakey %s 0 4294967296 1\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "invalid down interval '1s'", NULL,
-           "0 8 flakey %s 0 1 1s\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "offset 'x'", NULL, "0 8 flakey %s x 1 1\n",
+             A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "offset '18446744073709551615'",
+             "overflows", "0 8 flakey %s 18446744073709551615 1 1\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid up interval '-1'", NULL,
+             "0 8 flakey %s 0 -1 1\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid up interval '4294967296'", NULL,
+             "0 8 flakey %s 0 4294967296 1\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid down interval '1s'", NULL,
+             "0 8 flakey %s 0 1 1s\n", A);
   /* up + down = 0, and its overflow. */
-  UT_FAIL (EINVAL, 1, "flakey", "total (up + down) interval is zero", NULL,
-           "0 8 flakey %s 0 0 0\n", A);
-  UT_FAIL (EINVAL, 2, "flakey", "interval is zero", NULL,
-           "0 8 zero\n8 8 flakey %s 0 0 0 1 drop_writes\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "interval overflow", NULL,
-           "0 8 flakey %s 0 4294967295 1\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "total (up + down) interval is zero", NULL,
+             "0 8 flakey %s 0 0 0\n", A);
+  UNIT_FAIL (EINVAL, 2, "flakey", "interval is zero", NULL,
+             "0 8 zero\n8 8 flakey %s 0 0 0 1 drop_writes\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "interval overflow", NULL,
+             "0 8 flakey %s 0 4294967295 1\n", A);
 
   /* Feature counts. */
-  UT_FAIL (EINVAL, 1, "flakey", "invalid number of feature arguments 'x'",
-           NULL, "0 8 flakey %s 0 0 1 x\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "invalid number of feature arguments '12'",
-           "0 to 11", "0 8 flakey %s 0 0 1 12 %s\n", A,
-           "error_reads error_reads error_reads error_reads error_reads "
-           "error_reads error_reads error_reads error_reads error_reads "
-           "error_reads error_reads");
-  UT_FAIL (EINVAL, 1, "flakey", "2 feature arguments declared but 1 given",
-           NULL, "0 8 flakey %s 0 0 1 2 drop_writes\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "1 feature argument declared but 2 given",
-           NULL, "0 8 flakey %s 0 0 1 1 drop_writes error_reads\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "0 feature arguments declared but 1 given",
-           NULL, "0 8 flakey %s 0 0 1 0 drop_writes\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid number of feature arguments 'x'",
+             NULL, "0 8 flakey %s 0 0 1 x\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid number of feature arguments '12'",
+             "0 to 11", "0 8 flakey %s 0 0 1 12 %s\n", A,
+             "error_reads error_reads error_reads error_reads error_reads "
+             "error_reads error_reads error_reads error_reads error_reads "
+             "error_reads error_reads");
+  UNIT_FAIL (EINVAL, 1, "flakey", "2 feature arguments declared but 1 given",
+             NULL, "0 8 flakey %s 0 0 1 2 drop_writes\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "1 feature argument declared but 2 given",
+             NULL, "0 8 flakey %s 0 0 1 1 drop_writes error_reads\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "0 feature arguments declared but 1 given",
+             NULL, "0 8 flakey %s 0 0 1 0 drop_writes\n", A);
   /* corrupt_bio_byte counts as 5 arguments. */
-  UT_FAIL (EINVAL, 1, "flakey", "corrupt_bio_byte requires 4 parameters",
-           NULL, "0 8 flakey %s 0 0 1 1 corrupt_bio_byte\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "corrupt_bio_byte requires 4 parameters",
-           NULL, "0 8 flakey %s 0 0 1 4 corrupt_bio_byte 1 r 0\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "corrupt_bio_byte requires 4 parameters",
+             NULL, "0 8 flakey %s 0 0 1 1 corrupt_bio_byte\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "corrupt_bio_byte requires 4 parameters",
+             NULL, "0 8 flakey %s 0 0 1 4 corrupt_bio_byte 1 r 0\n", A);
 
   /* Unknown, duplicated and conflicting features. */
-  UT_FAIL (EINVAL, 1, "flakey", "unknown feature 'drop_reads'", NULL,
-           "0 8 flakey %s 0 0 1 1 drop_reads\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "unknown feature 'random_read_corrupt'",
-           NULL, "0 8 flakey %s 0 0 1 2 random_read_corrupt 5\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "feature error_reads duplicated", NULL,
-           "0 8 flakey %s 0 0 1 2 error_reads ERROR_READS\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "feature drop_writes duplicated", NULL,
-           "0 8 flakey %s 0 0 1 2 drop_writes drop_writes\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "feature error_writes duplicated", NULL,
-           "0 8 flakey %s 0 0 1 2 error_writes error_writes\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "feature corrupt_bio_byte duplicated", NULL,
-           "0 8 flakey %s 0 0 1 10 corrupt_bio_byte 1 r 0 0 "
-           "corrupt_bio_byte 2 r 0 0\n", A);
-  UT_FAIL (EINVAL, 1, "flakey",
-           "feature drop_writes conflicts with feature error_writes", NULL,
-           "0 8 flakey %s 0 0 1 2 error_writes drop_writes\n", A);
-  UT_FAIL (EINVAL, 1, "flakey",
-           "feature error_writes conflicts with feature drop_writes", NULL,
-           "0 8 flakey %s 0 0 1 2 drop_writes error_writes\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "unknown feature 'drop_reads'", NULL,
+             "0 8 flakey %s 0 0 1 1 drop_reads\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "unknown feature 'random_read_corrupt'",
+             NULL, "0 8 flakey %s 0 0 1 2 random_read_corrupt 5\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "feature error_reads duplicated", NULL,
+             "0 8 flakey %s 0 0 1 2 error_reads ERROR_READS\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "feature drop_writes duplicated", NULL,
+             "0 8 flakey %s 0 0 1 2 drop_writes drop_writes\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "feature error_writes duplicated", NULL,
+             "0 8 flakey %s 0 0 1 2 error_writes error_writes\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "feature corrupt_bio_byte duplicated", NULL,
+             "0 8 flakey %s 0 0 1 10 corrupt_bio_byte 1 r 0 0 "
+             "corrupt_bio_byte 2 r 0 0\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey",
+             "feature drop_writes conflicts with feature error_writes", NULL,
+             "0 8 flakey %s 0 0 1 2 error_writes drop_writes\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey",
+             "feature error_writes conflicts with feature drop_writes", NULL,
+             "0 8 flakey %s 0 0 1 2 drop_writes error_writes\n", A);
 
   /* corrupt_bio_byte's parameters. */
-  UT_FAIL (EINVAL, 1, "flakey", "invalid byte number '0'", NULL,
-           "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 0 r 0 0\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "invalid byte number '4294967296'", NULL,
-           "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 4294967296 r 0 0\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "invalid direction 'rw'", "(r or w)",
-           "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 1 rw 0 0\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "invalid value '256'", "0 to 255",
-           "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 1 r 256 0\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "invalid flags mask '-1'", NULL,
-           "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 1 r 0 -1\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid byte number '0'", NULL,
+             "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 0 r 0 0\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid byte number '4294967296'", NULL,
+             "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 4294967296 r 0 0\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid direction 'rw'", "(r or w)",
+             "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 1 rw 0 0\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid value '256'", "0 to 255",
+             "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 1 r 256 0\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "invalid flags mask '-1'", NULL,
+             "0 8 flakey %s 0 0 1 5 corrupt_bio_byte 1 r 0 -1\n", A);
 
   /* The incompatible combinations, in either order. */
-  UT_FAIL (EINVAL, 1, "flakey", "drop_writes is incompatible with "
-           "corrupt_bio_byte with the WRITE flag set", NULL,
-           "0 8 flakey %s 0 0 1 6 drop_writes corrupt_bio_byte 1 w 0 0\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "drop_writes is incompatible", NULL,
-           "0 8 flakey %s 0 0 1 6 corrupt_bio_byte 1 W 0 0 drop_writes\n", A);
-  UT_FAIL (EINVAL, 1, "flakey", "error_writes is incompatible with "
-           "corrupt_bio_byte with the WRITE flag set", NULL,
-           "0 8 flakey %s 0 0 1 6 error_writes corrupt_bio_byte 1 w 0 0\n",
-           A);
-  UT_FAIL (EINVAL, 1, "flakey", "error_reads is incompatible with "
-           "corrupt_bio_byte with the READ flag set", NULL,
-           "0 8 flakey %s 0 0 1 6 corrupt_bio_byte 1 r 0 0 error_reads\n", A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "drop_writes is incompatible with "
+             "corrupt_bio_byte with the WRITE flag set", NULL,
+             "0 8 flakey %s 0 0 1 6 drop_writes corrupt_bio_byte 1 w 0 0\n",
+             A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "drop_writes is incompatible", NULL,
+             "0 8 flakey %s 0 0 1 6 corrupt_bio_byte 1 W 0 0 drop_writes\n",
+             A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "error_writes is incompatible with "
+             "corrupt_bio_byte with the WRITE flag set", NULL,
+             "0 8 flakey %s 0 0 1 6 error_writes corrupt_bio_byte 1 w 0 0\n",
+             A);
+  UNIT_FAIL (EINVAL, 1, "flakey", "error_reads is incompatible with "
+             "corrupt_bio_byte with the READ flag set", NULL,
+             "0 8 flakey %s 0 0 1 6 corrupt_bio_byte 1 r 0 0 error_reads\n",
+             A);
 
   /* The device. */
-  UT_FAIL (ENOENT, 1, "flakey", "nonexistent", NULL,
-           "0 8 flakey %s/nonexistent 0 0 1\n", unit_tmpdir ());
-  UT_FAIL (EINVAL, 1, "flakey", "beyond the end", NULL,
-           "0 8 flakey %s %d 0 1\n", A, FILE_SECTORS - 7);
+  UNIT_FAIL (ENOENT, 1, "flakey", "nonexistent", NULL,
+             "0 8 flakey %s/nonexistent 0 0 1\n", unit_tmpdir ());
+  UNIT_FAIL (EINVAL, 1, "flakey", "beyond the end", NULL,
+             "0 8 flakey %s %d 0 1\n", A, FILE_SECTORS - 7);
   /* Features are checked before the device is looked up (as dm does). */
-  UT_FAIL (EINVAL, 1, "flakey", "unknown feature", NULL,
-           "0 8 flakey %s/nonexistent 0 0 1 1 x\n", unit_tmpdir ());
+  UNIT_FAIL (EINVAL, 1, "flakey", "unknown feature", NULL,
+             "0 8 flakey %s/nonexistent 0 0 1 1 x\n", unit_tmpdir ());
 }
 
 /* status TABLE as dm prints it: no features means error_reads and
@@ -181,7 +184,7 @@ test_format (void)
     char *text = unit_sprintf ("0 8 flakey %s 3 %s\n", A, cases[i].in);
     char *want = unit_sprintf ("0 8 flakey %s 3 %s\n", A, cases[i].out);
 
-    ut_check_roundtrip (text, want);
+    unit_check_roundtrip (text, want);
     free (text);
     free (want);
   }
@@ -197,9 +200,9 @@ flakey_dev (const char *updown_features)
 
   reset_a ();
   snprintf (name, sizeof name, "f%d", dev_nr++);
-  return ut_device (name, ut_parse ("0 64 flakey %s 8 %s\n"
-                                    "64 16 linear %s 100\n",
-                                    A, updown_features, A));
+  return unit_device (name, unit_parse ("0 64 flakey %s 8 %s\n"
+                                        "64 16 linear %s 100\n",
+                                        A, updown_features, A));
 }
 
 /* A's bytes [off, off+len) must be the original (or, for changed,
@@ -208,7 +211,7 @@ flakey_dev (const char *updown_features)
 static void
 check_a_at (int srcline, uint64_t off, size_t len, const unsigned char *want)
 {
-  unsigned char *disk = ut_read_at (A, off, len);
+  unsigned char *disk = unit_read_at (A, off, len);
   unsigned char *orig = malloc (len);
   long d;
 
@@ -480,8 +483,8 @@ test_extents (void)
     int type = -1, r;
 
     snprintf (name, sizeof name, "fx%zu", i);
-    dev = ut_device (name, ut_parse ("0 64 flakey %s 0 %s\n", B,
-                                     cases[i].args));
+    dev = unit_device (name, unit_parse ("0 64 flakey %s 0 %s\n", B,
+                                         cases[i].args));
     r = device_extents (dev, 64 * S, 0, 0, first_extent, &type);
     CHECKF (r == 0 && type == cases[i].type,
             "flakey %s: extents r=%d type %d, want %d", cases[i].args, r,

@@ -969,14 +969,14 @@ test_suspend_resume (void)
   r = device_resume (dev, &err);
   CHECK (r < 0);
   /* A table loaded but never resumed is freed with the device. */
-  t = ut_parse ("0 8 linear %s 0\n", pa);
+  t = unit_parse ("0 8 linear %s 0\n", pa);
   device_load (dev, t);
   CHECK (dev_size (dev) == UINT64_MAX);         /* inactive only */
   device_destroy (dev);
 
   /* load + resume, suspend + load + resume: the table changes. */
   CHECK (device_create ("swap", &dev, &err) == 0);
-  device_load (dev, ut_parse ("0 8 linear %s 0\n", pa));
+  device_load (dev, unit_parse ("0 8 linear %s 0\n", pa));
   CHECK (device_resume (dev, &err) == 0);
   CHECK (dev_size (dev) == 8 * S);
   CHECK (device_pread (dev, buf, 8 * S, 0, 0) == 0);
@@ -986,7 +986,7 @@ test_suspend_resume (void)
   CHECK (device_suspend (dev, false) == 0);
   CHECK (device_suspend (dev, true) == 0);      /* idempotent */
   device_load (dev,
-               ut_parse ("0 4 linear %s 0\n4 12 linear %s 0\n", pa, pb));
+               unit_parse ("0 4 linear %s 0\n4 12 linear %s 0\n", pa, pb));
   CHECK (dev_size (dev) == 8 * S);              /* not live yet */
   CHECK (device_resume (dev, &err) == 0);
   CHECK (dev_size (dev) == 16 * S);
@@ -1002,8 +1002,8 @@ test_suspend_resume (void)
   /* Load while live (dm reload), then resume: swapped.  Loading twice
    * replaces the inactive table.
    */
-  device_load (dev, ut_parse ("0 2 linear %s 0\n", pb));
-  device_load (dev, ut_parse ("0 6 linear %s 8\n", pb));
+  device_load (dev, unit_parse ("0 2 linear %s 0\n", pb));
+  device_load (dev, unit_parse ("0 6 linear %s 8\n", pb));
   CHECK (dev_size (dev) == 16 * S);
   CHECK (device_pread (dev, buf, 16 * S, 0, 0) == 0);
   CHECK (device_resume (dev, &err) == 0);
@@ -1016,15 +1016,15 @@ test_suspend_resume (void)
   {
     struct reader rd = { .dev = dev, .want = a };
     pthread_t th;
-    device_load (dev, ut_parse ("0 8 linear %s 0\n", pa));
+    device_load (dev, unit_parse ("0 8 linear %s 0\n", pa));
     CHECK (device_resume (dev, &err) == 0);
     atomic_init (&rd.stop, false);
     CHECK (pthread_create (&th, NULL, reader_thread, &rd) == 0);
     for (int i = 0; i < 200; i++) {
       if (i & 1)
-        device_load (dev, ut_parse ("0 8 linear %s 0\n", pa));
+        device_load (dev, unit_parse ("0 8 linear %s 0\n", pa));
       else
-        device_load (dev, ut_parse ("0 3 linear %s 0\n"
+        device_load (dev, unit_parse ("0 3 linear %s 0\n"
                                  "3 5 linear %s 3\n", pa, pa));
       CHECK (device_suspend (dev, i % 3 == 0) == 0);
       if (i % 2 == 0)
@@ -1052,7 +1052,7 @@ test_suspend_resume (void)
     struct table *t2 = NULL;
     unit_write_file (pg, a, 8 * S);
     CHECK (device_create ("grow", &dev, &err) == 0);
-    device_load (dev, ut_parse ("0 8 linear %s 0\n", pg));
+    device_load (dev, unit_parse ("0 8 linear %s 0\n", pg));
     CHECK (device_resume (dev, &err) == 0);
     if (truncate (pg, 16 * S) == -1)
       UNIT_FATAL ("truncate: %s", strerror (errno));
@@ -1157,7 +1157,7 @@ test_no_backends (void)
   static struct ext_list l;
 
   CHECK (device_create ("nobe", &dev, &err) == 0);
-  device_load (dev, ut_parse ("0 1 zero\n1 1 error\n"));
+  device_load (dev, unit_parse ("0 1 zero\n1 1 error\n"));
   CHECK (device_resume (dev, &err) == 0);
   memset (buf, 1, sizeof buf);
   CHECK (device_pread (dev, buf, 512, 0, 0) == 0);

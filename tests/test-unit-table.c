@@ -16,20 +16,20 @@
 #include "unit.h"
 #include "unit-targets.h"
 
-#define ORIGIN UT_ORIGIN
+#define ORIGIN UNIT_ORIGIN
 #define FILE_SECTORS 2048                 /* backing files are 1 MiB */
-#define SENTINEL UT_SENTINEL
+#define SENTINEL UNIT_SENTINEL
 
 static char *A, *B, *A_LINK, *A_HARD, *DIR_PATH, *FIFO, *MISSING, *SMALL;
 static char *A_REAL, *B_REAL;
 
 #define expect_fail(text, want, line, p1, p2) \
-  ut_expect_fail_at (__LINE__, text, want, line, NULL, p1, p2)
-#define parse_ok(text) ut_parse ("%s", text)
+  unit_expect_fail_at (__LINE__, text, want, line, NULL, p1, p2)
+#define parse_ok(text) unit_parse ("%s", text)
 
-/* UT_FAIL without a target name in the prefix. */
+/* UNIT_FAIL without a target name in the prefix. */
 #define FAIL_FMT(want, line, p1, p2, ...) \
-  UT_FAIL (want, line, NULL, p1, p2, __VA_ARGS__)
+  UNIT_FAIL (want, line, NULL, p1, p2, __VA_ARGS__)
 
 static void
 setup (void)

@@ -6,8 +6,8 @@
 #ifndef NBDMAPPER_UNIT_TARGETS_H
 #define NBDMAPPER_UNIT_TARGETS_H
 
-#define UT_ORIGIN "tbl"
-#define UT_SENTINEL ((struct table *) (uintptr_t) 0x5e57)
+#define UNIT_ORIGIN "tbl"
+#define UNIT_SENTINEL ((struct table *) (uintptr_t) 0x5e57)
 
 /* table_parse(text) must fail with -want_errno and a message starting
  * "tbl:LINE: TARGET: " ("tbl:LINE: " without a target; "tbl: " and no
@@ -16,11 +16,11 @@
  */
 __attribute__ ((unused))
 static void
-ut_expect_fail_at (int srcline, const char *text, int want_errno, int line,
-                   const char *target, const char *phrase1,
-                   const char *phrase2)
+unit_expect_fail_at (int srcline, const char *text, int want_errno, int line,
+                     const char *target, const char *phrase1,
+                     const char *phrase2)
 {
-  struct table *t = UT_SENTINEL;
+  struct table *t = UNIT_SENTINEL;
   struct mapper_err err;
   char prefix[256];
   int fds = unit_count_fds ();
@@ -29,21 +29,21 @@ ut_expect_fail_at (int srcline, const char *text, int want_errno, int line,
 
   memset (err.msg, 'X', sizeof err.msg);
   err.msg[sizeof err.msg - 1] = '\0';
-  r = table_parse (text, UT_ORIGIN, &t, &err);
+  r = table_parse (text, UNIT_ORIGIN, &t, &err);
 #define SUB(cond) do { if (!(cond)) { ok = false; \
   fprintf (stderr, "%s:%d: failed: %s\n", __BASE_FILE__, srcline, #cond); } \
   } while (0)
   SUB (r == -want_errno);
-  SUB (t == UT_SENTINEL);
+  SUB (t == UNIT_SENTINEL);
   if (line > 0 && target)
-    snprintf (prefix, sizeof prefix, "%s:%d: %s: ", UT_ORIGIN, line, target);
+    snprintf (prefix, sizeof prefix, "%s:%d: %s: ", UNIT_ORIGIN, line, target);
   else if (line > 0)
-    snprintf (prefix, sizeof prefix, "%s:%d: ", UT_ORIGIN, line);
+    snprintf (prefix, sizeof prefix, "%s:%d: ", UNIT_ORIGIN, line);
   else
-    snprintf (prefix, sizeof prefix, "%s: ", UT_ORIGIN);
+    snprintf (prefix, sizeof prefix, "%s: ", UNIT_ORIGIN);
   SUB (strncmp (err.msg, prefix, strlen (prefix)) == 0);
   if (line <= 0) {              /* about the whole table: no line named */
-    snprintf (prefix, sizeof prefix, "%s:1", UT_ORIGIN);
+    snprintf (prefix, sizeof prefix, "%s:1", UNIT_ORIGIN);
     SUB (strstr (err.msg, prefix) == NULL);
   }
   if (phrase1)
@@ -56,14 +56,14 @@ ut_expect_fail_at (int srcline, const char *text, int want_errno, int line,
     fprintf (stderr, "    table: %s\n    got r=%d (%s), msg: %s\n", text, r,
              r < 0 ? strerror (-r) : "success", err.msg);
     unit_failures++;
-    if (r == 0 && t != UT_SENTINEL)
+    if (r == 0 && t != UNIT_SENTINEL)
       table_free (t);
   }
 }
-/* UT_FAIL (errno, line, target, phrase1, phrase2, fmt, ...) */
-#define UT_FAIL(want, line, target, p1, p2, ...) do { \
+/* UNIT_FAIL (errno, line, target, phrase1, phrase2, fmt, ...) */
+#define UNIT_FAIL(want, line, target, p1, p2, ...) do { \
   char *_s = unit_sprintf (__VA_ARGS__); \
-  ut_expect_fail_at (__LINE__, _s, want, line, target, p1, p2); \
+  unit_expect_fail_at (__LINE__, _s, want, line, target, p1, p2); \
   free (_s); } while (0)
 
 /* Parse a table that must be accepted; NULL (counted as a failure) if
@@ -71,7 +71,7 @@ ut_expect_fail_at (int srcline, const char *text, int want_errno, int line,
  */
 __attribute__ ((unused, format (printf, 2, 3)))
 static struct table *
-ut_parse_at (int srcline, const char *fmt, ...)
+unit_parse_at (int srcline, const char *fmt, ...)
 {
   struct mapper_err err = { "" };
   struct table *t = NULL;
@@ -83,7 +83,7 @@ ut_parse_at (int srcline, const char *fmt, ...)
   if (vasprintf (&text, fmt, ap) == -1)
     UNIT_FATAL ("out of memory");
   va_end (ap);
-  r = table_parse (text, UT_ORIGIN, &t, &err);
+  r = table_parse (text, UNIT_ORIGIN, &t, &err);
   if (r != 0) {
     fprintf (stderr, "%s:%d: table refused: %s\n    table: %s\n", __BASE_FILE__,
              srcline, err.msg, text);
@@ -93,12 +93,12 @@ ut_parse_at (int srcline, const char *fmt, ...)
   free (text);
   return t;
 }
-#define ut_parse(...) ut_parse_at (__LINE__, __VA_ARGS__)
+#define unit_parse(...) unit_parse_at (__LINE__, __VA_ARGS__)
 
 /* The status of target i (a static buffer). */
 __attribute__ ((unused))
 static const char *
-ut_status (struct table *t, size_t i, enum status_type type)
+unit_status (struct table *t, size_t i, enum status_type type)
 {
   static char buf[4096];
   struct target *ti = &t->targets[i];
@@ -116,7 +116,7 @@ ut_status (struct table *t, size_t i, enum status_type type)
 /* The table's dmsetup table text must be want (a whole table). */
 __attribute__ ((unused))
 static void
-ut_check_format_at (int srcline, struct table *t, const char *want)
+unit_check_format_at (int srcline, struct table *t, const char *want)
 {
   char buf[8192];
 
@@ -127,7 +127,7 @@ ut_check_format_at (int srcline, struct table *t, const char *want)
     unit_failures++;
   }
 }
-#define ut_check_format(t, want) ut_check_format_at (__LINE__, t, want)
+#define unit_check_format(t, want) unit_check_format_at (__LINE__, t, want)
 
 /* Table text must be accepted and print as want (a whole table), with
  * an empty INFO status for its first target; and want must parse back
@@ -135,34 +135,34 @@ ut_check_format_at (int srcline, struct table *t, const char *want)
  */
 __attribute__ ((unused))
 static void
-ut_check_roundtrip_at (int srcline, const char *text, const char *want)
+unit_check_roundtrip_at (int srcline, const char *text, const char *want)
 {
-  struct table *t = ut_parse_at (srcline, "%s", text);
+  struct table *t = unit_parse_at (srcline, "%s", text);
   const char *info;
 
   if (t == NULL)
     return;
-  ut_check_format_at (srcline, t, want);
-  info = ut_status (t, 0, STATUSTYPE_INFO);
+  unit_check_format_at (srcline, t, want);
+  info = unit_status (t, 0, STATUSTYPE_INFO);
   if (strcmp (info, "") != 0) {
     fprintf (stderr, "%s:%d: INFO status not empty: %s\n", __BASE_FILE__,
              srcline, info);
     unit_failures++;
   }
   table_free (t);
-  t = ut_parse_at (srcline, "%s", want);
+  t = unit_parse_at (srcline, "%s", want);
   if (t) {
-    ut_check_format_at (srcline, t, want);
+    unit_check_format_at (srcline, t, want);
     table_free (t);
   }
 }
-#define ut_check_roundtrip(text, want) \
-  ut_check_roundtrip_at (__LINE__, text, want)
+#define unit_check_roundtrip(text, want) \
+  unit_check_roundtrip_at (__LINE__, text, want)
 
 /* A live device named name over table t (taken). */
 __attribute__ ((unused))
 static struct device *
-ut_device (const char *name, struct table *t)
+unit_device (const char *name, struct table *t)
 {
   struct mapper_err err = { "" };
   struct device *dev;
@@ -180,7 +180,7 @@ ut_device (const char *name, struct table *t)
 /* Read size bytes at off of path into a malloc'd buffer. */
 __attribute__ ((unused))
 static unsigned char *
-ut_read_at (const char *path, uint64_t off, size_t size)
+unit_read_at (const char *path, uint64_t off, size_t size)
 {
   unsigned char *buf = malloc (size ? size : 1);
   int fd = open (path, O_RDONLY | O_CLOEXEC);

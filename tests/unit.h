@@ -1,4 +1,7 @@
-/* Tiny unit-test helpers. */
+/* Tiny unit-test helpers.  Every helper here and in unit-targets.h is
+ * named unit_* (UNIT_* for macros); the assertions are CHECK, CHECKF and
+ * CHECK_EQ, which count a failure and go on, and UNIT_EXIT ends main.
+ */
 #ifndef NBDMAPPER_UNIT_H
 #define NBDMAPPER_UNIT_H
 #include <dirent.h>

@@ -1,5 +1,6 @@
-# Sourced by the nbdmsetup tests: tests/functions.sh plus a daemonised
-# server on a Unix socket and helpers to run nbdmsetup.
+# Sourced by the nbdmsetup tests: tests/functions.sh plus the control
+# export of the server the tests start (start_server ctl mapper ...:
+# $sock) and helpers to run nbdmsetup.
 : "${top_srcdir:=$(cd "$(dirname "$0")/../.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
 source "$top_srcdir/tests/functions.sh"
@@ -9,27 +10,9 @@ export NBDMSETUP
 requires nbdkit --version
 requires test -x "$NBDMSETUP"
 
-sock=$tmpdir/sock
+sock=$tmpdir/ctl.sock
 export NBDMSETUP_URI="nbd+unix:///control?socket=$sock"
 unset NBDMSETUP_KEY
-
-# start_server ARGS...: nbdkit mapper in the background on $sock.
-start_server ()
-{
-    rm -f "$tmpdir/pid"
-    mapper -U "$sock" -P "$tmpdir/pid" "$@"
-    cleanup_fn "stop_server"
-}
-# stop_server: 1 (and a failed test) if it had to be killed, in any
-# context ("stop_server || die" too).
-stop_server ()
-{
-    local rc=0
-    # It holds the socket and the table files.
-    stop_pidfile "$tmpdir/pid" || rc=$?
-    rm -f "$sock"
-    return $rc
-}
 
 ms () { "$NBDMSETUP" "$@"; }
 
@@ -46,30 +29,6 @@ fails ()
     grep -Eq -- "$pat" "$tmpdir/fails.err" ||
         die "$*: message '$(cat "$tmpdir/fails.err")' does not match /$pat/"
     echo "refused as expected: $(cat "$tmpdir/fails.err")"
-}
-
-# mapper_timeout SECS NBDKIT-ARGS...: nbdkit (ASan-aware, like mapper) under
-# timeout, for servers expected to refuse to start, so that one that hangs
-# instead of exiting ends the test rather than stalling it.  A server that
-# had to be killed fails the test (exit 124 or 137, as from timeout; the
-# test exits 1 even if the caller takes any failure for a refusal).  Put
-# the plugin ("$PLUGIN") yourself after the options.
-mapper_timeout ()
-{
-    local secs=$1 rc=0
-    shift
-    if [ -n "$SANITIZER_LIBASAN" ]; then
-        timeout -k 5 "$secs" env LD_PRELOAD="$SANITIZER_LIBASAN" \
-            ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}" \
-            nbdkit "$@" || rc=$?
-    else
-        timeout -k 5 "$secs" nbdkit "$@" || rc=$?
-    fi
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        echo "$0: FAIL: nbdkit $* did not exit within $secs s: killed" >&2
-        _stop_failed=1
-    fi
-    return "$rc"
 }
 
 # steady CMD...: CMD's output once it has stayed the same for 0.5 s (at

@@ -10,9 +10,8 @@ server is started on a copy of DIR and compared with it.
   python3 restart_property.py SEQUENCES SEED
 
 Environment: NBDMSETUP, NBDMSETUP_URI (the live server's control
-export), PLUGIN, DIR (its tables=DIR), WORK (scratch), NBDKIT_PRE (a
-command prefix for nbdkit, e.g. the sanitizer runtime's env, may be
-empty).
+export), DIR (its tables=DIR), WORK (scratch), and what tests/functions.sh
+exports for nbdcheck.mapper_command.
 """
 import json
 import os
@@ -21,11 +20,11 @@ import shutil
 import subprocess
 import sys
 
+from nbdcheck import mapper_command
+
 NBDMSETUP = os.environ["NBDMSETUP"]
-PLUGIN = os.environ["PLUGIN"]
 DIR = os.environ["DIR"]
 WORK = os.environ["WORK"]
-NBDKIT_PRE = os.environ.get("NBDKIT_PRE", "").split()
 
 NAMES = ["d%d" % i for i in range(5)]
 SECTORS = 2048                          # of each backing file
@@ -129,11 +128,9 @@ def restarted(seq):
     script = os.path.join(WORK, "inspect.py")
     with open(script, "w") as f:
         f.write(INSPECT)
-    run = ("unset LD_PRELOAD ASAN_OPTIONS; export unixsocket; "
-           "exec /usr/bin/python3 %s %s" % (
-        script, out))
-    r = subprocess.run(NBDKIT_PRE + ["nbdkit", "-U", "-", PLUGIN,
-                                     "tables=" + copy, "--run", run],
+    run = "export unixsocket; exec /usr/bin/python3 %s %s" % (script, out)
+    r = subprocess.run(mapper_command(["-U", "-"], ["tables=" + copy],
+                                      run=run),
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         raise AssertionError("sequence %d: the server does not restart "

@@ -10,18 +10,7 @@ head -c 48 /dev/urandom > "$tmpdir/wrong"; chmod 600 "$tmpdir/wrong"
 echo "0 8 zero" > "$tmpdir/d1.table"
 
 # Key file checks, at start: readable by others, too short, missing.
-refuse_start ()
-{
-    local pat=$1 rc=0
-    shift
-    mapper_timeout 30 -U "$tmpdir/s2" --run true "$PLUGIN" "$tmpdir/d1.table" "$@" \
-        > "$tmpdir/start.out" 2>&1 || rc=$?
-    [ "$rc" -ne 0 ] || die "server started with $*"
-    [ "$rc" -eq 1 ] || die "start with $*: nbdkit exited $rc, not 1"
-    grep -Eq -- "$pat" "$tmpdir/start.out" ||
-        die "start with $*: message $(cat "$tmpdir/start.out") !~ /$pat/"
-    echo "start refused: $(cat "$tmpdir/start.out")"
-}
+refuse_start () { mapper_refuses "$1" "$tmpdir/d1.table" "${@:2}"; }
 cp "$tmpdir/key" "$tmpdir/key644"; chmod 644 "$tmpdir/key644"
 refuse_start 'group or others.*chmod 600' control-key="$tmpdir/key644"
 head -c 16 /dev/urandom > "$tmpdir/short"; chmod 600 "$tmpdir/short"
@@ -29,7 +18,7 @@ refuse_start 'is 16 bytes: a key must be 32' control-key="$tmpdir/short"
 refuse_start "$tmpdir/nokey: No such file" control-key="$tmpdir/nokey"
 
 # With a key: right key works, wrong/missing key refused, nothing changed.
-start_server "$tmpdir/d1.table" control-key="$tmpdir/key"
+start_server ctl mapper "$tmpdir/d1.table" control-key="$tmpdir/key"
 ms -k "$tmpdir/key" create k1 --table "0 8 zero"
 NBDMSETUP_KEY="$tmpdir/key" ms table k1 | grep -qx '0 8 zero' || die "key env"
 fails 'requires a key' ms ls
@@ -68,11 +57,11 @@ assert st == 5 and b"bad HMAC tag" in text, text
 assert c2.call("rename", "k9", "k1", seq=2)[0] == 0
 print("hmac ok")
 PY
-stop_server
+stop_server ctl
 
 # No key: the server's own uid over Unix is fine (we are root); another
 # uid is refused; TCP is refused with a hint to configure a key.
-start_server "$tmpdir/d1.table"
+start_server ctl mapper "$tmpdir/d1.table"
 ms ls | grep -qx d1 || die "root over Unix refused"
 if setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
     chmod 755 "$tmpdir"; chmod 777 "$sock"
@@ -80,33 +69,30 @@ if setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
         setpriv --reuid=65534 --regid=65534 --clear-groups "$NBDMSETUP" ls
     chmod 700 "$tmpdir"
 fi
-stop_server
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-rm -f "$tmpdir/pid"
-mapper -i 127.0.0.1 -p "$port" -P "$tmpdir/pid" "$tmpdir/d1.table"
-cleanup_fn stop_server
+stop_server ctl
+port=$(free_port)
+start_server ctl -i 127.0.0.1 -p "$port" mapper "$tmpdir/d1.table"
 fails 'over TCP needs a key.*control-key' ms -c "nbd://127.0.0.1:$port/control" ls
-stop_server
-rm -f "$tmpdir/pid"
-mapper -i 127.0.0.1 -p "$port" -P "$tmpdir/pid" "$tmpdir/d1.table" control-key="$tmpdir/key"
+stop_server ctl
+start_server ctl -i 127.0.0.1 -p "$port" mapper "$tmpdir/d1.table" \
+    control-key="$tmpdir/key"
 ms -c "nbd://127.0.0.1:$port/control" -k "$tmpdir/key" ls | grep -qx d1 ||
     die "TCP with a key"
-stop_server
+stop_server ctl
 
 # TLS with a PSK, over TCP and over Unix.
 requires sh -c "nbdkit --dump-config | grep -q ^tls=yes"
 echo "alice:$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" > "$tmpdir/psk"
 chmod 600 "$tmpdir/psk"
-rm -f "$tmpdir/pid"
-mapper --tls=require --tls-psk="$tmpdir/psk" -i 127.0.0.1 -p "$port" \
-       -P "$tmpdir/pid" "$tmpdir/d1.table" control-key="$tmpdir/key"
+start_server ctl --tls=require --tls-psk="$tmpdir/psk" -i 127.0.0.1 \
+    -p "$port" mapper "$tmpdir/d1.table" control-key="$tmpdir/key"
 ms -k "$tmpdir/key" -c "nbds://alice@127.0.0.1:$port/control?tls-psk-file=$tmpdir/psk" \
    create t1 --table "0 16 zero"
 [ "$(ms -k "$tmpdir/key" -c "nbds://alice@127.0.0.1:$port/control?tls-psk-file=$tmpdir/psk" table t1)" = "0 16 zero" ] ||
     die "TLS table"
 fails 'nbd_connect_uri|TLS|tls|handshake' ms -k "$tmpdir/key" -c "nbd://127.0.0.1:$port/control" ls
-stop_server
-start_server --tls=require --tls-psk="$tmpdir/psk" "$tmpdir/d1.table"
+stop_server ctl
+start_server ctl --tls=require --tls-psk="$tmpdir/psk" mapper "$tmpdir/d1.table"
 ms -c "nbds+unix://alice@/control?socket=$sock&tls-psk-file=$tmpdir/psk" ls |
     grep -qx d1 || die "TLS over Unix without key"
 echo "$0: ok"

@@ -11,7 +11,7 @@ a=$(mkfile a.img 1M)
 fill_random "$a" 1048576 3
 mkdir "$tmpdir/tables"
 echo "0 2048 linear $a 0" > "$tmpdir/tables/d1.table"
-start_server tables="$tmpdir/tables"
+start_server ctl mapper tables="$tmpdir/tables"
 
 ms --version | grep -q '^nbdmsetup ' || die "--version"
 ms --help | grep -q 'replace NAME' || die "--help"

@@ -6,7 +6,7 @@ source "$(dirname "$0")/functions-ms.sh"
 
 a=$(mkfile a.img 1M)
 mkdir "$tmpdir/tables"
-start_server tables="$tmpdir/tables"
+start_server ctl mapper tables="$tmpdir/tables"
 ms create d1 --table "0 2048 linear $a 0"
 echo "0 1024 linear $a 0
 1024 1024 linear $a 1024" > "$tmpdir/two.table"

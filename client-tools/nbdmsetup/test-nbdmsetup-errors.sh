@@ -9,7 +9,7 @@ fill_random "$a" 1048576 5
 cp "$a" "$tmpdir/a.orig"
 mkdir "$tmpdir/tables"
 echo "0 2048 linear $a 0" > "$tmpdir/tables/d1.table"
-start_server tables="$tmpdir/tables"
+start_server ctl mapper tables="$tmpdir/tables"
 ms create e1 --table "0 8 zero"
 
 snapshot () { { ms ls; ms table; ms table --inactive; ms info; ls "$tmpdir/tables"; cat "$tmpdir/tables"/*.table; } 2>&1; }

@@ -42,11 +42,7 @@ d=$(mkfile d.img 1M)
 # In the foreground, stderr to a file: a daemonised nbdkit logs to
 # syslog.
 mkdir "$tmpdir/t"
-rm -f "$tmpdir/pid"
-mapper -f -U "$sock" -P "$tmpdir/pid" tables="$tmpdir/t" 2> "$tmpdir/log" &
-cleanup_fn "stop_server"
-wait_for test -s "$tmpdir/pid"
-wait_for test -S "$sock"
+start_server --stderr "$tmpdir/log" ctl -f mapper tables="$tmpdir/t"
 
 # 1. Resync complete.  Create, load and resume: event 1; resync done: 2.
 ms create slow --table "0 8192 delay $a 0 20"

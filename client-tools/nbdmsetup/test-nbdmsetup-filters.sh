@@ -17,7 +17,7 @@ have_filter () { nbdkit --filter="$1" null --version >/dev/null 2>&1; }
 
 # served ARGS...: a server with these nbdkit options in front of the
 # tables; stop it with stop_server.
-served () { start_server "$@" tables="$tmpdir/tables"; }
+served () { start_server ctl mapper "$@" tables="$tmpdir/tables"; }
 
 # --- nbdkit -r: requests are writes, so say the server is read-only
 # (nbdinfo --list still lists the devices).
@@ -29,7 +29,7 @@ fails "$ro" ms create x --table "0 8 zero"
 fails "$ro" ms batch /dev/null
 nbdinfo --list --json "nbd+unix:///?socket=$sock" | grep -q '"export-name": "d1"' ||
     die "nbdinfo --list under -r"
-stop_server
+stop_server ctl
 
 # --- Filters that keep writes to themselves: the request comes back.
 for f in cow cache; do
@@ -40,30 +40,30 @@ for f in cow cache; do
     # The filter keeps the first request for the next connection too.
     fails "shows a request where its HELLO should be: is a filter in front of the plugin .*--filter=cow" \
         ms create x --table "0 8 zero"
-    stop_server
+    stop_server ctl
 done
 
 # --- Filters that change the size, the bytes, or refuse the writes.
 if have_filter truncate; then
     served --filter=truncate truncate=1M
     fails "the control export is 1048576 bytes, not 16777216: is a filter in front of the plugin" ms ls
-    stop_server
+    stop_server ctl
 fi
 if have_filter swab; then
     served --filter=swab
     fails "not an nbdmapper control export \(no response magic at offset 0\): is it nbdmapper's export 'control', with no filter in front of the plugin" ms ls
-    stop_server
+    stop_server ctl
 fi
 if have_filter protect; then
     served --filter=protect protect=0-1023
     fails "ls: sending the request: .*Operation not permitted: nbdmapper's control export does not fail this: is a filter in front of the plugin" ms ls
-    stop_server
+    stop_server ctl
 fi
 # A device export is still told from the control export, and not written.
 if have_filter cow; then
     served --filter=cow
     fails "not an nbdmapper control export" ms -c "nbd+unix:///d1?socket=$sock" ls
-    stop_server
+    stop_server ctl
 fi
 
 # Nothing of that changed a table or the data.
@@ -104,7 +104,7 @@ for f in $safe; do
       [ "$(ms table x)" = "0 2048 linear $a 0" ] &&
       ms rename x y && ms remove y &&
       [ "$(ms ls)" = d1 ]; } || die "a command failed behind --filter=$f"
-    stop_server
+    stop_server ctl
     n=$((n + 1))
 done
 echo "$0: $n filters checked"

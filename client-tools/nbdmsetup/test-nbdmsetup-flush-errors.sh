@@ -29,15 +29,13 @@ case "\$1" in
 esac
 EOF
 chmod +x "$tmpdir/r.sh"
-nbdkit -U "$tmpdir/r.sock" -P "$tmpdir/r.pid" sh "$tmpdir/r.sh"
-cleanup_fn 'stop_pidfile "$tmpdir/r.pid"'
-wait_for test -s "$tmpdir/r.pid"
+start_server r sh "$tmpdir/r.sh"
 remote="nbd+unix:///?socket=$tmpdir/r.sock"
 
 a=$(mkfile a.img 1M)
 dir=$tmpdir/t
 mkdir "$dir"
-start_server tables="$dir"
+start_server ctl mapper tables="$dir"
 ms create d --table "0 2048 linear $remote 0"
 write () { nbdsh -u "nbd+unix:///d?socket=$sock" -c 'h.pwrite(b"x" * 4096, 0)'; }
 state () { ms info d | sed -n 's/^State: *//p'; }

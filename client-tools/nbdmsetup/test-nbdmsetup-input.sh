@@ -11,7 +11,7 @@ requires nbdinfo --version
 a=$(mkfile a.img 1M)
 mkdir "$tmpdir/tables"
 echo "0 2048 linear $a 0" > "$tmpdir/tables/d1.table"
-start_server tables="$tmpdir/tables"
+start_server ctl mapper tables="$tmpdir/tables"
 
 snapshot () { { ms ls; ms table; ms table --inactive; ms info; ls -a "$tmpdir/tables"; cat "$tmpdir/tables"/*.table; } 2>&1; }
 before=$(snapshot)
@@ -30,13 +30,8 @@ fails '^nbdmsetup: stdin: table contains a NUL byte at offset 9$' \
 unchanged nul
 mkdir "$tmpdir/nuldir"
 cp "$tmpdir/nul.table" "$tmpdir/nuldir/"
-rc=0
-mapper_timeout 30 -U "$tmpdir/sock2" "$PLUGIN" tables="$tmpdir/nuldir" \
-    --run true > "$tmpdir/start.err" 2>&1 || rc=$?
-cat "$tmpdir/start.err"
-[ "$rc" -ne 0 ] || die "server started with a NUL byte in a table"
-grep -q "nul.table: table contains a NUL byte at offset 9" "$tmpdir/start.err" ||
-    die "server start: no offset in the NUL message"
+mapper_refuses "nul.table: table contains a NUL byte at offset 9" \
+    tables="$tmpdir/nuldir"
 # ... and a batch line with one is not run cut short.
 printf 'info d1\nremove\000 d1\n' > "$tmpdir/nul.batch"
 fails "^nbdmsetup: $tmpdir/nul.batch:2: NUL byte at offset 6 of the line$" \
@@ -111,13 +106,7 @@ before=$(snapshot)
 # The same names as table files: the server does not start.
 mkdir "$tmpdir/namedir"
 echo "0 8 zero" > "$tmpdir/namedir/$(printf 'x\302\205').table"
-rc=0
-mapper_timeout 30 -U "$tmpdir/sock2" "$PLUGIN" tables="$tmpdir/namedir" \
-    --run true > "$tmpdir/start.err" 2>&1 || rc=$?
-cat "$tmpdir/start.err"
-[ "$rc" -ne 0 ] || die "server started with a C1 control in a device name"
-grep -q "control character U+0085 at byte 1" "$tmpdir/start.err" ||
-    die "server start: no message for the C1 control"
+mapper_refuses "control character U\+0085 at byte 1" tables="$tmpdir/namedir"
 
 # --- Lengths past the largest NBD size say what the limit is.
 fails "length '9223372036854775807' overflows the largest NBD size: at most 18014398509481983 sectors" \
@@ -135,16 +124,13 @@ before=$(snapshot)
 # --- Stale DIR/.NAME.table.tmp files (a save cut short by a crash; they
 # may hold crypt keys) are removed at start, and the log says so; other
 # files stay.
-stop_server
+stop_server ctl
 echo "0 8 crypt aes-xts-plain64 $(printf '%064d' 7) 0 $a 0" \
     > "$tmpdir/tables/.d1.table.tmp"
 echo "0 8 zero" > "$tmpdir/tables/.gone.table.tmp"
 echo "keep" > "$tmpdir/tables/notes.table.tmp"
 mkdir "$tmpdir/tables/.dir.table.tmp"
-rm -f "$tmpdir/pid"
-mapper -v -U "$sock" -P "$tmpdir/pid" tables="$tmpdir/tables" \
-    2> "$tmpdir/start.log"
-cleanup_fn "stop_server"
+start_server --stderr "$tmpdir/start.log" ctl -v mapper tables="$tmpdir/tables"
 [ ! -e "$tmpdir/tables/.d1.table.tmp" ] || die ".d1.table.tmp not removed"
 [ ! -e "$tmpdir/tables/.gone.table.tmp" ] || die ".gone.table.tmp not removed"
 [ -e "$tmpdir/tables/notes.table.tmp" ] || die "notes.table.tmp removed"

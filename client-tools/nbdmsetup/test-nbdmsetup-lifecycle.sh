@@ -17,13 +17,13 @@ requires nbdkit --filter=blocksize-policy memory --version
 a=$(mkfile a.img 1M)
 dir=$tmpdir/t
 mkdir "$dir"
-start_server tables="$dir"
+start_server ctl mapper tables="$dir"
 
 # stop_must_exit: SIGTERM, and the server must be gone within 10 s
-# (stop_server fails the test otherwise).
+# (stop_server ctl fails the test otherwise).
 stop_must_exit ()
 {
-    stop_server || die "the server did not exit within 10 s of SIGTERM"
+    stop_server ctl || die "the server did not exit within 10 s of SIGTERM"
 }
 
 # --- shrinking the lower device --------------------------------------------
@@ -71,10 +71,7 @@ ms info lo | grep -q '^Holders' && die "lo still has holders: $(ms info lo)"
 # --- the block size --------------------------------------------------------
 # A remote export with 4096-byte blocks: lo over it has a minimum block
 # size of 4096, which up's area at sector 1 is not aligned to.
-nbdkit -U "$tmpdir/bs.sock" -P "$tmpdir/bs.pid" --filter=blocksize-policy \
-    memory 1M blocksize-minimum=4096
-cleanup_fn 'stop_pidfile "$tmpdir/bs.pid"'
-wait_for test -s "$tmpdir/bs.pid"
+start_server bs --filter=blocksize-policy memory 1M blocksize-minimum=4096
 ms create up --table "0 8 linear mapper:lo 1"
 fails "device 'up' maps areas of mapper:lo in its live table that are not aligned to the new table's minimum block size \\(4096 bytes\\)" \
     ms replace lo --table "0 2048 linear nbd+unix:///?socket=$tmpdir/bs.sock 0"
@@ -89,9 +86,7 @@ ms remove up
 # --- read-only -------------------------------------------------------------
 # A writable up would pass its writes on to a read-only lo (EPERM, and
 # after a restart up would come back read-only).
-nbdkit -r -U "$tmpdir/ro.sock" -P "$tmpdir/ro.pid" memory 1M
-cleanup_fn 'stop_pidfile "$tmpdir/ro.pid"'
-wait_for test -s "$tmpdir/ro.pid"
+start_server ro -r memory 1M
 ms create up --table "0 8 linear mapper:lo 0"
 fails "device 'up' writes to mapper:lo \(its live table is writable\), but the new table of 'lo' is read-only" \
     ms replace lo --table "0 2048 linear nbd+unix:///?socket=$tmpdir/ro.sock 0"
@@ -101,7 +96,7 @@ ms remove up
 ms create up --table "0 1024 linear mapper:lo 0"
 ms table > "$tmpdir/before"
 stop_must_exit
-start_server tables="$dir"
+start_server ctl mapper tables="$dir"
 diff -u "$tmpdir/before" <(ms table) || die "tables differ after restart"
 
 # --- shutdown with a stacked device ------------------------------------------

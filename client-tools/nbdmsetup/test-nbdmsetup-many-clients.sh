@@ -17,8 +17,8 @@ mkdir "$tmpdir/tables"
 for i in 0 1 2 3; do
     echo "0 $bsec linear $back $(( i * bsec ))" > "$tmpdir/tables/c$i.table"
 done
-start_server -t 2 tables="$tmpdir/tables"
-pid=$(cat "$tmpdir/pid")
+start_server ctl -t 2 mapper tables="$tmpdir/tables"
+pid=$(cat "$tmpdir/ctl.pid")
 threads () { awk '$1 == "Threads:" {print $2}' "/proc/$pid/status"; }
 ms ls > /dev/null
 thr0=$(steady threads)

@@ -13,7 +13,7 @@ t2="0 16384 linear $f 0
 16384 16384 linear $f 16384"
 t3="0 1000 linear $f 0
 1000 31768 linear $f 1000"
-start_server tables="$(mkdir "$tmpdir/t" && echo "$tmpdir/t")"
+start_server ctl mapper tables="$(mkdir "$tmpdir/t" && echo "$tmpdir/t")"
 ms create dev --table "$t1"
 ev0=$(ms info --json dev | python3 -c 'import json,sys; print(json.load(sys.stdin)["devices"][0]["event_nr"])')
 

@@ -11,16 +11,14 @@ requires python3 -c 'import nbd'
 
 dir=$tmpdir/tables
 mkdir "$dir"
-start_server tables="$dir"
+start_server ctl mapper tables="$dir"
 if [ -n "$SANITIZER_LIBASAN" ]; then
     n=${NBDMAPPER_PROPERTY_SEQUENCES:-60}
-    pre="env LD_PRELOAD=$SANITIZER_LIBASAN ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}"
 else
     n=${NBDMAPPER_PROPERTY_SEQUENCES:-200}
-    pre=
 fi
 seed=${NBDMAPPER_PROPERTY_SEED:-$(date +%Y%m%d)}
 echo "$0: $n sequences, seed $seed"
-DIR=$dir WORK=$tmpdir NBDKIT_PRE=$pre \
+DIR=$dir WORK=$tmpdir \
     python3 "$(dirname "$0")/restart_property.py" "$n" "$seed"
 echo "$0: ok"

@@ -18,8 +18,8 @@ mkdir "$tmpdir/tables"
 for (( i = 0; i < nload; i++ )); do
     table_of "$i" > "$tmpdir/tables/d$i.table"
 done
-start_server tables="$tmpdir/tables"
-pid=$(cat "$tmpdir/pid")
+start_server ctl mapper tables="$tmpdir/tables"
+pid=$(cat "$tmpdir/ctl.pid")
 [ "$(ms ls | wc -l)" -eq "$nload" ] || die "ls after start: $(ms ls | wc -l)"
 
 threads () { awk '$1 == "Threads:" {print $2}' "/proc/$pid/status"; }
@@ -74,8 +74,8 @@ wait_for settled "$thr0" "$fd0" ||
     die "threads $(threads) (was $thr0), fds $(fds) (was $fd0) at the end"
 
 # A restart loads every saved device back.
-stop_server
-start_server tables="$tmpdir/tables"
+stop_server ctl
+start_server ctl mapper tables="$tmpdir/tables"
 [ "$(ms ls | wc -l)" -eq "$total" ] || die "after restart: $(ms ls | wc -l)"
 ms info renamed5 > /dev/null || die "renamed5 after restart"
 echo "OK: $total devices"

@@ -20,7 +20,7 @@ uri="nbd+unix:///dev?socket=$sock"
 serve ()
 {
     echo "$1" > "$tmpdir/dev.table"
-    start_server -v "$tmpdir/dev.table" 2> "$tmpdir/log"
+    start_server --stderr "$tmpdir/log" ctl -v mapper "$tmpdir/dev.table"
 }
 
 # held_read [NAME]: a read of NAME (dev) in the background ($reader, which
@@ -47,7 +47,7 @@ except nbd.Error as e:
 # held read fail with ESHUTDOWN.
 stop_held ()
 {
-    stop_server || die "$1: the server needed SIGKILL"
+    stop_server ctl || die "$1: the server needed SIGKILL"
     wait "$reader" || :
     grep -q '^read failed: ESHUTDOWN$' "$tmpdir/reader.out" ||
         die "$1: the held read: $(cat "$tmpdir/reader.out")"
@@ -86,7 +86,7 @@ nbdsh -u "$uri" -c 'assert h.pread(512, 0) == bytes(512)' ||
 wait_for open_count_is dev 0 || die "after the read: $(ms info dev)"
 ms remove dev
 echo "suspended device: a gone client's held read was given up"
-stop_server || die "after a disconnect: the server needed SIGKILL"
+stop_server ctl || die "after a disconnect: the server needed SIGKILL"
 
 # ... and by a delay: it no longer shows as delayed.
 serve "0 2048 delay $a 0 600000"
@@ -96,7 +96,7 @@ wait "$reader" 2>/dev/null || :
 wait_for open_count_is dev 0 || die "disconnected: $(ms info dev)"
 ms status dev | grep -qx '0 2048 delay 0 0 0' || die "status: $(ms status dev)"
 echo "delay: a gone client's held read was given up"
-stop_server || die "after a disconnect: the server needed SIGKILL"
+stop_server ctl || die "after a disconnect: the server needed SIGKILL"
 
 # ... and through a mirror whose leg is a suspended device (mapper:dev):
 # the read given up is no fault of the leg's (still A, not R).
@@ -113,7 +113,7 @@ ms resume dev
 nbdsh -u "nbd+unix:///up?socket=$sock" -c 'assert h.pread(512, 0) == bytes(512)' ||
     die "mirror read after resume"
 echo "mirror: a gone client's read held by a suspended leg was given up"
-stop_server || die "after a disconnect: the server needed SIGKILL"
+stop_server ctl || die "after a disconnect: the server needed SIGKILL"
 
 # 4. "nbdmsetup wait" with no timeout for an event that never comes, then
 # SIGTERM: the wait fails, the server exits.
@@ -121,7 +121,7 @@ serve "0 2048 linear $a 0"
 ms wait dev > "$tmpdir/wait.out" 2>&1 &
 waiter=$!
 wait_for grep -q 'control: wait' "$tmpdir/log" || die "no wait"
-stop_server || die "event wait: the server needed SIGKILL"
+stop_server ctl || die "event wait: the server needed SIGKILL"
 rc=0
 wait "$waiter" || rc=$?
 [ "$rc" -ne 0 ] || die "the wait succeeded: $(cat "$tmpdir/wait.out")"
@@ -135,7 +135,7 @@ serve "0 2048 linear $a 0"
 ms suspend dev
 ms create up --table "0 2048 mirror core 2 1024 sync 2 mapper:dev 0 $b 0"
 ms status up | grep -q ' 0/2 1 AA 1 core$' || die "resync: $(ms status up)"
-stop_server || die "resync from a suspended device: the server needed SIGKILL"
+stop_server ctl || die "resync from a suspended device: the server needed SIGKILL"
 ! grep 'failed a resync' "$tmpdir/log" || die "the leg was blamed"
 echo "resync from a suspended device: the server stopped"
 
@@ -153,6 +153,6 @@ ms resume up
 resynced () { ms status up | grep -q ' 2/2 1 AA 1 core$'; }
 wait_for resynced || die "resync after resume: $(ms status up)"
 echo "suspending a mirror whose resync a suspended device holds: done"
-stop_server || die "mirror suspend: the server needed SIGKILL"
+stop_server ctl || die "mirror suspend: the server needed SIGKILL"
 
 echo "$0: ok"

@@ -8,7 +8,7 @@ source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 
 a=$(mkfile a.img 1M)
-start_server tables="$(mkdir "$tmpdir/t" && echo "$tmpdir/t")"
+start_server ctl mapper tables="$(mkdir "$tmpdir/t" && echo "$tmpdir/t")"
 ms create low --table "0 2048 linear $a 0"
 ms create up --table "0 1024 linear mapper:low 1024"
 # A holder is not a client connection: info shows them apart, and the

@@ -8,7 +8,7 @@ requires nbdinfo --version
 
 a=$(mkfile a.img 1M)
 b=$(mkfile b.img 1M)
-start_server tables="$(mkdir "$tmpdir/t" && echo "$tmpdir/t")"
+start_server ctl mapper tables="$(mkdir "$tmpdir/t" && echo "$tmpdir/t")"
 ms create dev --table "0 2048 linear $a 0"
 uri="nbd+unix:///dev?socket=$sock"
 

@@ -40,10 +40,10 @@ fails '\$NBDMSETUP_TIMEOUT: .abc. is not a number of seconds' \
 if nbdkit --filter=delay null --version >/dev/null 2>&1; then
     a=$(mkfile a.img 1M)
     echo "0 2048 linear $a 0" > "$tmpdir/d1.table"
-    start_server --filter=delay delay-read=10 "$tmpdir/d1.table"
+    start_server ctl --filter=delay mapper delay-read=10 "$tmpdir/d1.table"
     fails "^nbdmsetup: nbd\+unix:.*: timed out after 1 s reading the HELLO \(--timeout\)$" \
         tms --timeout 1 ls
-    stop_server
+    stop_server ctl
 else
     echo "$0: the delay filter is missing: HELLO timeout not tested"
 fi
@@ -53,14 +53,10 @@ fi
 # filter).  The message says that the server may still carry it out;
 # and it does.
 a=$(mkfile b.img 1M)
-rm -f "$tmpdir/pid"
-nbdkit -U "$tmpdir/slow.sock" -P "$tmpdir/slow.pid" --filter=delay \
-    memory 1M delay-open=4
-cleanup_fn "stop_pidfile '$tmpdir/slow.pid'"
-wait_for test -s "$tmpdir/slow.pid"
+start_server slow --filter=delay memory 1M delay-open=4
 slow="0 2048 linear nbd+unix:///?socket=$tmpdir/slow.sock 0"
 mkdir "$tmpdir/tables"
-start_server tables="$tmpdir/tables" remote-connections=1
+start_server ctl mapper tables="$tmpdir/tables" remote-connections=1
 ms create d1 --table "0 2048 linear $a 0"
 fails "^nbdmsetup: create: timed out after 1 s waiting for the server to execute the request \(--timeout\); the server may still carry the request out" \
     tms --timeout 1 create r1 --table "$slow"

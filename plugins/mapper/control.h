@@ -9,8 +9,8 @@
 
 struct control_conn;
 
-/* control.c: configuration.  control_config returns 1 if it took the key,
- * 0 if the key is not its, -1 on error (already reported).
+/* Configuration.  control_config returns 1 if it took the key, 0 if the
+ * key is not its, -1 on error (already reported).
  */
 int control_config (const char *key, const char *value);
 void control_set_tables_dir (const char *dir);
@@ -27,7 +27,7 @@ int control_restore (struct device *dev, const char *path);
   "                    the control export; without it control is allowed\n" \
   "                    only over a Unix socket from root or this user."
 
-/* control.c: the export. */
+/* The export. */
 bool control_is_export (const char *name);
 struct control_conn *control_open (int readonly);
 void control_close (struct control_conn *c);

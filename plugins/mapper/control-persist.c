@@ -1,0 +1,280 @@
+/* tables=DIR persistence for the control export: every change a command
+ * makes is saved there (temp file, fsync, rename, fsync dir) before it is
+ * made visible, so that a restart with tables=DIR serves what was live.
+ * Table files are written 0600: a crypt table holds its key in clear.
+ */
+#include <config.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "engine.h"
+#include "control-internal.h"
+
+/* Read-only after config_complete.  NULL: no persistence. */
+static char *tables_dir;
+
+void
+control_set_tables_dir (const char *dir)
+{
+  free (tables_dir);
+  tables_dir = strdup (dir);
+}
+
+static int remove_stale_tmp (void);
+
+int
+persist_check_dir (void)
+{
+  /* A read-only DIR is reported now, not at the first change. */
+  if (tables_dir && access (tables_dir, W_OK | X_OK) == -1) {
+    nbdkit_error ("tables=%s: not writable (%s): runtime changes from the "
+                  "control export could not be saved there", tables_dir,
+                  mapper_strerror (errno));
+    return -1;
+  }
+  if (tables_dir && remove_stale_tmp () == -1)
+    return -1;
+  return 0;
+}
+
+void
+persist_unload (void)
+{
+  free (tables_dir);
+  tables_dir = NULL;
+}
+
+static int
+fsync_dir (void)
+{
+  int fd = open (tables_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int r;
+
+  if (fd == -1)
+    return -errno;
+  r = fsync (fd) == -1 ? -errno : 0;
+  close (fd);
+  return r;
+}
+
+/* persist_write's DIR/.NAME.table.tmp files left by a crash: that save
+ * never finished (NAME.table is still the one before it, and the change
+ * was never made live), and they may hold crypt keys.
+ */
+static int
+remove_stale_tmp (void)
+{
+  DIR *dp = opendir (tables_dir);
+  const size_t sfx = strlen (".table.tmp");
+  struct dirent *d;
+  bool removed = false;
+  int r = 0;
+
+  if (dp == NULL) {
+    nbdkit_error ("tables=%s: %s", tables_dir, mapper_strerror (errno));
+    return -1;
+  }
+  while (r == 0 && (errno = 0, d = readdir (dp)) != NULL) {
+    size_t len = strlen (d->d_name);
+    struct stat st;
+
+    if (d->d_name[0] != '.' || len <= sfx + 1 ||
+        strcmp (d->d_name + len - sfx, ".table.tmp") != 0 ||
+        fstatat (dirfd (dp), d->d_name, &st, AT_SYMLINK_NOFOLLOW) == -1 ||
+        !S_ISREG (st.st_mode))
+      continue;                 /* not one of ours */
+    if (unlinkat (dirfd (dp), d->d_name, 0) == -1) {
+      nbdkit_error ("tables=%s: removing %s, left by a save that did not "
+                    "finish: %s", tables_dir, d->d_name,
+                    mapper_strerror (errno));
+      r = -1;
+    }
+    else {
+      nbdkit_debug ("tables=%s: removed %s, left by a save that did not "
+                    "finish (the server stopped during it)", tables_dir,
+                    d->d_name);
+      removed = true;
+    }
+  }
+  if (r == 0 && errno != 0) {
+    nbdkit_error ("tables=%s: readdir: %s", tables_dir,
+                  mapper_strerror (errno));
+    r = -1;
+  }
+  closedir (dp);
+  if (r == 0 && removed && (r = fsync_dir ()) < 0) {
+    nbdkit_error ("tables=%s: fsync: %s", tables_dir, mapper_strerror (-r));
+    r = -1;
+  }
+  return r;
+}
+
+/* DIR/NAME.table, malloc'd; NULL if out of memory. */
+static char *
+table_path (const char *name)
+{
+  char *path;
+
+  return asprintf (&path, "%s/%s.table", tables_dir, name) == -1 ? NULL
+    : path;
+}
+
+/* *msg := "tables=DIR: WHAT NAME.table: <error -r>" (NULL if out of
+ * memory); returns r.
+ */
+static int
+persist_failed (int r, const char *what, const char *name, char **msg)
+{
+  if (asprintf (msg, "tables=%s: %s %s.table: %s", tables_dir, what, name,
+                mapper_strerror (-r)) == -1)
+    *msg = NULL;
+  return r;
+}
+
+#define UUID_TAG "# nbdmapper-uuid: "
+#define NO_TABLE_TAG "# nbdmapper-no-table"
+
+int
+control_restore (struct device *dev, const char *path)
+{
+  struct mapper_err err = { "" };
+  FILE *fp = fopen (path, "r");
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  int r = 0;
+
+  if (fp == NULL)
+    return 0;                   /* table_parse_file reports it */
+  while (r == 0 && (n = getline (&line, &cap, fp)) > 0) {
+    if (line[n - 1] == '\n')
+      line[--n] = '\0';
+    if (strncmp (line, UUID_TAG, strlen (UUID_TAG)) == 0) {
+      if (device_set_uuid (dev, line + strlen (UUID_TAG), &err) < 0) {
+        nbdkit_error ("%s: %s", path, err.msg);
+        r = -1;
+      }
+    }
+    else if (strcmp (line, NO_TABLE_TAG) == 0)
+      r = 1;
+    else if (line[0] != '#')
+      break;                    /* the header ends at the first table line */
+  }
+  free (line);
+  fclose (fp);
+  return r;
+}
+
+/* DIR/NAME.table := header + text, atomically (a crash leaves the old
+ * file or the new one, and at most a temp file remove_stale_tmp removes).
+ */
+int
+persist_write (const char *name, const char *uuid, const char *text,
+               char **msg)
+{
+  char *tmp = NULL, *path = NULL, *all = NULL;
+  size_t len;
+  int fd = -1, r = 0;
+
+  if (tables_dir == NULL)
+    return 0;
+  if (asprintf (&all, "%s%s%s%s%s", uuid ? UUID_TAG : "", uuid ? uuid : "",
+                uuid ? "\n" : "", *text ? "" : NO_TABLE_TAG "\n",
+                text) == -1) {
+    all = NULL;
+    r = -ENOMEM;
+    goto out;
+  }
+  text = all;
+  len = strlen (text);
+  if (asprintf (&tmp, "%s/.%s.table.tmp", tables_dir, name) == -1 ||
+      (path = table_path (name)) == NULL) {
+    r = -ENOMEM;
+    goto out;
+  }
+  /* 0600: a crypt table holds its key in clear. */
+  fd = open (tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd == -1) {
+    r = -errno;
+    goto out;
+  }
+  for (size_t done = 0; done < len; ) {
+    ssize_t n = write (fd, text + done, len - done);
+    if (n == -1) {
+      r = -errno;
+      goto out;
+    }
+    done += n;
+  }
+  if (fsync (fd) == -1 || close (fd) == -1) {
+    r = -errno;
+    fd = -1;
+    goto out;
+  }
+  fd = -1;
+  if (rename (tmp, path) == -1) {
+    r = -errno;
+    goto out;
+  }
+  r = fsync_dir ();
+ out:
+  if (fd >= 0)
+    close (fd);
+  if (r < 0) {
+    if (tmp)
+      unlink (tmp);
+    persist_failed (r, "saving", name, msg);
+  }
+  free (tmp);
+  free (path);
+  free (all);
+  return r;
+}
+
+int
+persist_remove (const char *name, char **msg)
+{
+  char *path;
+  int r;
+
+  if (tables_dir == NULL)
+    return 0;
+  if ((path = table_path (name)) == NULL)
+    r = -ENOMEM;
+  else if (unlink (path) == -1 && errno != ENOENT)
+    r = -errno;
+  else
+    r = fsync_dir ();
+  free (path);
+  return r < 0 ? persist_failed (r, "removing", name, msg) : 0;
+}
+
+int
+persist_rename (const char *old, const char *new, char **msg)
+{
+  char *from = table_path (old), *to = table_path (new);
+  int r;
+
+  if (tables_dir == NULL)
+    r = 0;
+  else if (from == NULL || to == NULL)
+    r = -ENOMEM;
+  else if (rename (from, to) == -1)
+    r = -errno;
+  else
+    r = fsync_dir ();
+  free (from);
+  free (to);
+  return r < 0 ? persist_failed (r, "renaming", old, msg) : 0;
+}

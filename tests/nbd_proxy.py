@@ -1,0 +1,67 @@
+"""A proxy LISTEN -> TARGET (Unix sockets), one pair of threads per
+connection, in accept order (0, 1, ...) (tests/test-remote-loss-elsewhere.sh).
+A file CTL/freeze-N makes connection N silent: what the client sends is
+read and counted (CTL/held-N), never forwarded, nothing comes back, and
+the client's socket stays open (CTL/frozen-N says it is).  CTL/sent-N:
+bytes connection N forwarded to the server.
+
+  python3 nbd_proxy.py LISTEN TARGET CTL
+"""
+import os, select, socket, sys, threading
+listen, target, ctl = sys.argv[1:4]
+
+def put(name, value):
+    tmp = os.path.join(ctl, "." + name)
+    with open(tmp, "w") as f:
+        f.write("%d\n" % value)
+    os.rename(tmp, os.path.join(ctl, name))
+
+def serve(n, c):
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(target)
+    except OSError:
+        c.close()
+        return
+    sent = held = 0
+    while True:
+        frozen = os.path.exists(os.path.join(ctl, "freeze-%d" % n))
+        r, _, _ = select.select([c] if frozen else [c, s], [], [], 0.05)
+        if frozen:
+            if not os.path.exists(os.path.join(ctl, "frozen-%d" % n)):
+                put("frozen-%d" % n, 1)
+            if c in r:
+                d = c.recv(65536)
+                if not d:
+                    break
+                held += len(d)
+                put("held-%d" % n, held)
+            continue
+        done = False
+        for x in r:
+            d = x.recv(65536)
+            if not d:
+                done = True
+                break
+            (s if x is c else c).sendall(d)
+            if x is c:
+                sent += len(d)
+                put("sent-%d" % n, sent)
+        if done:
+            break
+    for x in (c, s):
+        try:
+            x.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        x.close()
+
+l = socket.socket(socket.AF_UNIX)
+l.bind(listen)
+l.listen(16)
+open(os.path.join(ctl, "ready"), "w").close()
+n = 0
+while True:
+    c, _ = l.accept()
+    threading.Thread(target=serve, args=(n, c), daemon=True).start()
+    n += 1

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The test harness itself (tests/functions.sh): each case is a small test
+# run here, whose exit status and messages are checked.  A server that
+# needed SIGKILL fails its test even when the test passed; so does one
+# that outlived mapper --timeout; mapper refuses to leave a daemon
+# behind; a server that cannot start fails the test with nbdkit's
+# message; at exit the mapper stops before the backend it is a client of,
+# whatever the order of their starts; our plugin, and only it, runs with
+# the sanitizer runtime, and --run's command without it.
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+
+requires nbdkit --version
+requires nbdkit memory --version
+requires nbdsh --version
+
+echo "0 2048 zero" > "$tmpdir/z.table"
+
+# run_case NAME WANT-STATUS: runs $tmpdir/NAME.sh (the harness, then the
+# case read from stdin) and checks its exit status; its output is in
+# $tmpdir/NAME.out.
+run_case ()
+{
+    local rc=0
+    { echo "source '$top_srcdir/tests/functions.sh'"; cat; } > "$tmpdir/$1.sh"
+    bash "$tmpdir/$1.sh" > "$tmpdir/$1.out" 2>&1 || rc=$?
+    [ "$rc" -eq "$2" ] ||
+        { cat "$tmpdir/$1.out"; die "case $1: exit $rc, expected $2"; }
+}
+# says NAME PATTERN: the case's output matches PATTERN (grep -E).
+says ()
+{
+    grep -Eq -- "$2" "$tmpdir/$1.out" ||
+        { cat "$tmpdir/$1.out"; die "case $1: no /$2/ in its output"; }
+}
+
+# 1. A client holds a connection, so nbdkit does not exit on SIGTERM: the
+#    cleanup kills it, and the test that passed fails.
+run_case killed 1 <<EOF
+_stop_wait=2
+# Registered first, so run last: the server must still be held.
+cleanup_fn 'kill "\$(cat "\$tmpdir/holder.pid")"'
+start_server s memory 1M
+nbdsh -u "nbd+unix:///?socket=\$tmpdir/s.sock" \\
+      -c 'print("up", flush=True); import time; time.sleep(60)' \\
+      > "\$tmpdir/holder.out" &
+echo \$! > "\$tmpdir/holder.pid"
+wait_for grep -q up "\$tmpdir/holder.out"
+echo "case passed"
+EOF
+says killed 'case passed'
+says killed 'did not exit within 2 s of SIGTERM: killed with SIGKILL'
+
+# 2. mapper --timeout: nbdkit killed, the caller sees 124, the test fails.
+run_case timeout 1 <<EOF
+rc=0
+mapper --timeout 1 -U - "$tmpdir/z.table" --run 'sleep 60' || rc=\$?
+echo "rc=\$rc"
+EOF
+says timeout '^rc=124$'
+says timeout 'did not exit within 1 s: killed'
+
+# 3. mapper does not start a daemon nobody would stop.
+run_case daemon 1 <<EOF
+# Should mapper start it after all, it goes at exit.
+cleanup_fn 'stop_pidfile "\$tmpdir/d.pid"'
+mapper -U "\$tmpdir/d.sock" -P "\$tmpdir/d.pid" "$tmpdir/z.table"
+echo "not reached"
+EOF
+says daemon 'a server that outlives the call .* is started with start_server'
+! grep -q 'not reached' "$tmpdir/daemon.out" || die "case daemon: went on"
+
+# 4. A server that cannot start fails the test, with nbdkit's message,
+#    daemonised or in the foreground.
+for fg in "" -f; do
+    run_case "nostart$fg" 1 <<EOF
+start_server --stderr "\$tmpdir/log" bad $fg mapper "$tmpdir/missing.table"
+echo "not reached"
+EOF
+    says "nostart$fg" 'missing\.table: No such file or directory'
+    says "nostart$fg" 'FAIL: start_server bad: nbdkit exited'
+done
+
+# 5. The mapper is a client of b, restarted after the mapper started: at
+#    exit the mapper stops first, and b is not held by it.
+run_case order 0 <<EOF
+_stop_wait=5
+start_server b memory 1M
+echo "0 2048 linear nbd+unix:///?socket=\$tmpdir/b.sock 0" > "\$tmpdir/d.table"
+start_server m mapper "\$tmpdir/d.table"
+stop_server b KILL
+start_server b memory 1M
+# Until the mapper is connected to the new b.
+nbdsh -u "nbd+unix:///d?socket=\$tmpdir/m.sock" -c '
+from nbdcheck import when_back
+when_back(h.pread, 512, 0)'
+EOF
+
+# 6. Our plugin runs with plugin_env (the sanitizer runtime under a
+#    sanitizer build), nbdkit's own plugins and --run's command without.
+run_case env 0 <<EOF
+environ () { tr '\0' '\n' < "/proc/\$(cat "\$tmpdir/\$1.pid")/environ"; }
+start_server m mapper "$tmpdir/z.table"
+start_server b memory 1M
+echo "mine: \$(environ m | grep '^LD_PRELOAD=' || :)"
+echo "want: \${plugin_env[0]:-}"
+echo "other: \$(environ b | grep '^LD_PRELOAD=' || :)"
+mapper -U - "$tmpdir/z.table" --run 'echo "run: \${LD_PRELOAD:-}"'
+EOF
+mine=$(sed -n 's/^mine: //p' "$tmpdir/env.out")
+want=$(sed -n 's/^want: //p' "$tmpdir/env.out")
+[ "$mine" = "$want" ] ||
+    { cat "$tmpdir/env.out"; die "case env: the mapper's LD_PRELOAD"; }
+says env '^other: $'
+says env '^run: $'
+echo "test-harness: ok"
