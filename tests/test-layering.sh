@@ -44,43 +44,36 @@ leaf ()
 leaf targets target.h util.h
 leaf backends backend.h util.h
 
-# One list of target types.
-listed=$(sed -n 's/^TARGET (\([a-z0-9_]*\))$/\1/p' "$srv/targets.def")
-[ -n "$listed" ] || die "server/targets.def lists no target"
-defined=$(sed -n 's/^const struct target_type \([a-z0-9_]*\)_target = {$/\1/p' \
-              "$srv"/targets/*.c)
-for t in $defined; do
-    grep -qx "$t" <<< "$listed" ||
-        die "target type ${t}_target is not in server/targets.def"
-done
-for t in $listed; do
-    grep -qx "$t" <<< "$defined" ||
-        die "server/targets.def lists $t, which no file under server/targets/ defines"
-    file=$(grep -l "^const struct target_type ${t}_target = {" "$srv"/targets/*.c)
-    grep -q "targets/${file##*/}" "$srv/Makefile.am" ||
-        die "server/Makefile.am does not build ${file##*/}"
-    if grep -lw "${t}_target" "$srv"/*.c "$srv"/*.h > "$tmpdir/names"; then
-        die "$(tr '\n' ' ' < "$tmpdir/names")names ${t}_target: use server/targets.def"
-    fi
-done
-
-# One list of backend kinds.
-kinds=$(sed -n 's/^BACKEND (\([a-z0-9_]*\))$/\1/p' "$srv/backends/backends.def")
-[ -n "$kinds" ] || die "server/backends/backends.def lists no backend kind"
-defined=$(sed -n 's/^const struct backend_kind \([a-z0-9_]*\)_backend_kind = {$/\1/p' \
-              "$srv"/backends/*.c)
-for k in $defined; do
-    grep -qx "$k" <<< "$kinds" ||
-        die "backend kind ${k}_backend_kind is not in server/backends/backends.def"
-done
-for k in $kinds; do
-    grep -qx "$k" <<< "$defined" ||
-        die "server/backends/backends.def lists $k, which no file under server/backends/ defines"
-    file=$(grep -l "^const struct backend_kind ${k}_backend_kind = {" "$srv"/backends/*.c)
-    grep -q "backends/${file##*/}" "$srv/Makefile.am" ||
-        die "server/Makefile.am does not build ${file##*/}"
-    if grep -lw "${k}_backend_kind" "$srv"/*.c "$srv"/*.h > "$tmpdir/names"; then
-        die "$(tr '\n' ' ' < "$tmpdir/names")names ${k}_backend_kind: use server/backends/backends.def"
-    fi
-done
-echo "layering: ok ($(wc -w <<< "$listed") targets, $(wc -w <<< "$kinds") backend kinds)"
+# one_list WHAT DEF MACRO DIR STRUCT SUFFIX: the names server/DEF lists
+# as MACRO (NAME) are exactly those a file under server/DIR defines as
+# "const struct STRUCT NAME_SUFFIX = {"; server/Makefile.am builds each
+# such file and no core file names NAME_SUFFIX.  nr_listed: how many.
+one_list ()
+{
+    local what=$1 def=$2 macro=$3 dir=$4 type=$5 suffix=$6
+    local listed defined n file
+    listed=$(sed -n "s/^$macro (\([a-z0-9_]*\))\$/\1/p" "$srv/$def")
+    [ -n "$listed" ] || die "server/$def lists no $what"
+    defined=$(sed -n "s/^const struct $type \([a-z0-9_]*\)_$suffix = {\$/\1/p" \
+                  "$srv/$dir"/*.c)
+    for n in $defined; do
+        grep -qx "$n" <<< "$listed" ||
+            die "$what ${n}_$suffix is not in server/$def"
+    done
+    for n in $listed; do
+        grep -qx "$n" <<< "$defined" ||
+            die "server/$def lists $n, which no file under server/$dir/ defines"
+        file=$(grep -l "^const struct $type ${n}_$suffix = {" "$srv/$dir"/*.c)
+        grep -q "$dir/${file##*/}" "$srv/Makefile.am" ||
+            die "server/Makefile.am does not build ${file##*/}"
+        if grep -lw "${n}_$suffix" "$srv"/*.c "$srv"/*.h > "$tmpdir/names"; then
+            die "$(tr '\n' ' ' < "$tmpdir/names")names ${n}_$suffix: use server/$def"
+        fi
+    done
+    nr_listed=$(wc -w <<< "$listed")
+}
+one_list "target type" targets.def TARGET targets target_type target
+nr_targets=$nr_listed
+one_list "backend kind" backends/backends.def BACKEND backends backend_kind \
+    backend_kind
+echo "layering: ok ($nr_targets targets, $nr_listed backend kinds)"
