@@ -20,6 +20,7 @@
 struct mapper_err {
   char msg[512];
 };
+/* util.c */
 void mapper_err_set (struct mapper_err *err, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 /* strerror without the locale machinery (messages are English anyway):
