@@ -173,7 +173,7 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
    * device's table must keep it valid (device_check_holders).
    */
   if (backend_lower_device (be) && (r = note_stack_use (t, be, end,
-                                                         start | len)) < 0) {
+                                                        start | len)) < 0) {
     backend_put (be);
     mapper_err_set (err, "out of memory");
     return r;
