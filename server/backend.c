@@ -1,15 +1,16 @@
 /* The backend registry: backends are shared by every table that names
- * them, keyed by canonical name, and closed when the last table using
- * them is freed.  Only table build/free come here, never the I/O path.
+ * them, keyed by identity (struct backend_kind's key), and closed when
+ * the last table using them is freed.  Only table build/free come here,
+ * never the I/O path.  It names no kind: it asks the list of them
+ * (backends/backends.def), as qemu's bdrv_find_protocol does.
  */
 #include <config.h>
 
+#include <assert.h>
 #include <errno.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -31,54 +32,47 @@ registry_find_locked (const char *key)
   return NULL;
 }
 
+/* The kinds, in the order they are asked (backends/backends.def). */
+#define BACKEND(name) extern const struct backend_kind name##_backend_kind;
+#include "backends/backends.def"
+#undef BACKEND
+
+static const struct backend_kind *const kinds[] = {
+#define BACKEND(name) &name##_backend_kind,
+#include "backends/backends.def"
+#undef BACKEND
+};
+
+/* The first kind that claims spec, or NULL. */
+static const struct backend_kind *
+kind_of (const char *spec)
+{
+  for (size_t i = 0; i < ARRAY_SIZE (kinds); i++)
+    if (kinds[i]->claims (spec))
+      return kinds[i];
+  return NULL;
+}
+
 int
 backend_get (const char *spec, struct backend **out, struct mapper_err *err)
 {
-  CLEANUP_FREE char *canonical = NULL;
   CLEANUP_FREE char *key = NULL;
-  enum { KIND_DEVICE, KIND_NBD, KIND_FILE } kind;
+  const struct backend_kind *kind;
   struct backend *be, *other;
-  struct stat st;
   int r;
 
   if (*spec == '\0') {
     mapper_err_set (err, "empty device path");
     return -EINVAL;
   }
+  if ((kind = kind_of (spec)) == NULL) {
+    mapper_err_set (err, "%s: not a device this server can open", spec);
+    return -EINVAL;
+  }
 
   /* The identity of what spec names: one backend per identity. */
-  if (strncmp (spec, DEVICE_BACKEND_PREFIX,
-               strlen (DEVICE_BACKEND_PREFIX)) == 0) {
-    /* Another device of this server (stacking): keyed by its name. */
-    kind = KIND_DEVICE;
-    key = strdup (spec);
-    if (key == NULL) {
-      mapper_err_set (err, "out of memory");
-      return -ENOMEM;
-    }
-  }
-  else if (nbd_backend_is_uri (spec)) {
-    /* Remote: the same normalised URI is the same backend. */
-    kind = KIND_NBD;
-    if ((r = nbd_backend_normalize (spec, &key, err)) < 0)
-      return r;
-  }
-  else {
-    /* Local files are the same backend when they are the same inode, by
-     * whatever path (symlink, hard link, another device node).
-     */
-    kind = KIND_FILE;
-    canonical = realpath (spec, NULL);
-    if (canonical == NULL || stat (canonical, &st) == -1) {
-      r = -errno;
-      mapper_err_set (err, "%s: %s", spec, mapper_strerror (errno));
-      return r;
-    }
-    if ((r = file_backend_key (&st, &key)) < 0) {
-      mapper_err_set (err, "%s: not a regular file or block device", spec);
-      return r;
-    }
-  }
+  if ((r = kind->key (spec, &key, err)) < 0)
+    return r;
 
   pthread_mutex_lock (&registry_lock);
   be = registry_find_locked (key);
@@ -93,12 +87,7 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
    * (devices_lock); neither may stall every other table's build and
    * free meanwhile.
    */
-  switch (kind) {
-  case KIND_DEVICE: r = device_backend_open (spec, &be, err); break;
-  case KIND_NBD: r = nbd_backend_open (key, &be, err); break;
-  case KIND_FILE: r = file_backend_open (spec, canonical, &st, &be, err);
-    break;
-  }
+  r = kind->open (spec, key, &be, err);
   if (r < 0) {
     /* Someone may have opened it meanwhile (a server that takes one
      * client refuses a second): share theirs.
@@ -111,6 +100,7 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
     *out = be;
     return 0;
   }
+  assert (strcmp (be->ops->kind, kind->name) == 0);
   be->key = key;
   key = NULL;
   backend_flush_init (be);
@@ -166,4 +156,12 @@ backend_put (struct backend *be)
     *p = be->next;
   }
   backend_close (be);
+}
+
+void
+backend_kinds_stop (void)
+{
+  for (size_t i = 0; i < ARRAY_SIZE (kinds); i++)
+    if (kinds[i]->stop)
+      kinds[i]->stop ();
 }

@@ -1,4 +1,4 @@
-/* Stacking ("mapper:NAME" backends, backends/device.c): the checks that
+/* Stacking ("mapper:NAME" backends, backends/stacked.c): the checks that
  * keep devices stacked on each other sound.  A table may not make its
  * device stack on itself, directly or through others (check_stack), and
  * a device that other devices' tables stack on (its holders) may not
@@ -28,7 +28,7 @@ check_stack (struct device *top, const struct table *t, const char **path,
              unsigned depth, struct mapper_err *err)
 {
   for (size_t i = 0; i < t->backends.len; i++) {
-    struct device *lower = device_backend_device (t->backends.ptr[i]);
+    struct device *lower = backend_lower_device (t->backends.ptr[i]);
     int r = 0;
 
     if (lower == NULL)
@@ -108,7 +108,7 @@ holder_walk_one (struct device *d, void *opaque)
     for (size_t j = 0; slots[s] && j < slots[s]->stack_uses.len && r == 0;
          j++) {
       const struct stack_use *u = &slots[s]->stack_uses.ptr[j];
-      if (device_backend_device (u->be) == hw->lower)
+      if (backend_lower_device (u->be) == hw->lower)
         r = hw->fn (d, s == 1, slots[s], u, hw->opaque);
     }
   pthread_mutex_unlock (&d->lock);

@@ -427,6 +427,23 @@ device_close_conn (struct device *dev)
   device_put (dev);
 }
 
+struct device *
+device_get_stacked (const char *name)
+{
+  struct device *dev = device_get (name);
+
+  if (dev)
+    atomic_fetch_add (&dev->stack_holders, 1);
+  return dev;
+}
+
+void
+device_put_stacked (struct device *dev)
+{
+  atomic_fetch_sub (&dev->stack_holders, 1);
+  device_put (dev);
+}
+
 int
 device_foreach (int (*fn) (struct device *dev, void *opaque), void *opaque)
 {

@@ -20,6 +20,7 @@
 struct mapper_err {
   char msg[512];
 };
+/* util.c */
 void mapper_err_set (struct mapper_err *err, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 /* strerror without the locale machinery (messages are English anyway):
@@ -30,6 +31,9 @@ const char *mapper_strerror (int errnum);
 
 struct table;
 struct device;
+
+/* What a request or one of its pieces (a clone) does. */
+enum io_op { IO_READ, IO_WRITE, IO_ZERO, IO_TRIM, IO_FLUSH };
 
 /* I/O flags (same meaning as nbdkit's). */
 #define MAPPER_FUA        0x1
@@ -175,6 +179,13 @@ struct device *device_get (const char *name);
 struct device *device_open_conn (const char *name);
 void device_close_conn (struct device *dev);
 void device_put (struct device *dev);
+/* For a backend stacking on the named device ("mapper:NAME"):
+ * device_get, also counting the device as held by a table until
+ * device_put_stacked, so that remove, rename and resume look for the
+ * tables stacking on it (device_check_holders).
+ */
+struct device *device_get_stacked (const char *name);
+void device_put_stacked (struct device *dev);
 /* Call fn on each device in creation order, under the registry lock
  * (fn must not create/remove/rename devices).  Stops at fn's nonzero.
  */
@@ -256,6 +267,11 @@ int device_flush (struct device *dev, uint32_t flags);
 int device_flush_errseq (struct device *dev, uint32_t flags,
                          _Atomic uint64_t *seen);
 uint64_t device_errseq_sample (void);
+/* The latest error stamp (flush.c's errseq) of dev's live backends and
+ * of those its swaps dropped: what a flush of a device stacked on dev
+ * must report although it finds dev clean.  Takes dev->lock.
+ */
+uint64_t device_errseq (struct device *dev);
 int device_extents (struct device *dev, uint32_t count, uint64_t offset,
                     uint32_t flags, mapper_extent_fn fn, void *opaque);
 

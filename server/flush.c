@@ -2,11 +2,12 @@
  * backend is clean, shared between concurrent flushes from any number of
  * connections, and never reported durable when it may not be.
  *
- * Per backend, write_gen moves past started_gen (the value the last flush
- * to start saw) when a write completes after that start; further writes
- * before the next start need not bump it again.  A flush request that
- * sees write_gen == T needs a backend flush that *started* when write_gen
- * was >= T to have finished successfully:
+ * Per backend (struct backend_flush), write_gen moves past started_gen
+ * (the value the last flush to start saw) when a write completes after
+ * that start; further writes before the next start need not bump it
+ * again.  A flush request that sees write_gen == T needs a backend
+ * flush that *started* when write_gen was >= T to have finished
+ * successfully:
  *   - flushed_gen >= T: clean, nothing to do;
  *   - a flush is running that began at running_gen >= T: join it;
  *   - a flush is running that began earlier: wait for it, then decide again;
@@ -23,6 +24,11 @@
  * flushed, or opened: its next flush fails with EIO once if any backend
  * it flushes carries a later stamp.  So every connection open at the
  * loss hears of it exactly once, and none opened later does.
+ *
+ * The counting is beside the backends, not in the request path:
+ * clone_done (here), the completion every backend calls, bumps
+ * write_gen and ends flushes before it hands the result to the
+ * request (io_req_clone_end), which knows nothing of generations.
  */
 #include <config.h>
 
@@ -43,9 +49,9 @@ errseq_sample (void)
 
 /* A new error on be: everyone who sampled the clock before sees it. */
 static void
-errseq_raise (struct backend *be)
+errseq_raise (struct backend_flush *f)
 {
-  atomic_store (&be->err_seq, atomic_fetch_add (&errseq_clock, 1) + 1);
+  atomic_store (&f->err_seq, atomic_fetch_add (&errseq_clock, 1) + 1);
 }
 
 static void
@@ -60,7 +66,7 @@ errseq_max (_Atomic uint64_t *where, uint64_t v)
 uint64_t
 backend_errseq (struct backend *be)
 {
-  uint64_t e = atomic_load (&be->err_seq);
+  uint64_t e = atomic_load (&be->flush.err_seq);
 
   /* A stacked device: the errors of what it stacks on. */
   if (be->ops->errseq)
@@ -83,77 +89,111 @@ errseq_seen (_Atomic uint64_t *seen, uint64_t sample)
 void
 backend_flush_init (struct backend *be)
 {
-  atomic_init (&be->write_gen, 0);
-  atomic_init (&be->started_gen, 0);
-  pthread_mutex_init (&be->flush_lock, NULL);
-  pthread_cond_init (&be->flush_cond, NULL);
-  be->flush_running = false;
-  be->running_gen = be->running_seq = be->done_seq = be->failed_seq = 0;
-  be->flushed_gen = 0;
-  atomic_init (&be->err_seq, 0);
-  be->lost_seq = 0;
-  be->nr_flushes = 0;
+  struct backend_flush *f = &be->flush;
+
+  atomic_init (&f->write_gen, 0);
+  atomic_init (&f->started_gen, 0);
+  pthread_mutex_init (&f->lock, NULL);
+  pthread_cond_init (&f->cond, NULL);
+  f->running = false;
+  f->running_gen = f->running_seq = f->done_seq = f->failed_seq = 0;
+  f->flushed_gen = 0;
+  atomic_init (&f->err_seq, 0);
+  f->lost_seq = 0;
+  f->nr_flushes = 0;
 }
 
 void
 backend_flush_destroy (struct backend *be)
 {
-  pthread_cond_destroy (&be->flush_cond);
-  pthread_mutex_destroy (&be->flush_lock);
+  pthread_cond_destroy (&be->flush.cond);
+  pthread_mutex_destroy (&be->flush.lock);
 }
 
 void
 backend_writes_lost (struct backend *be)
 {
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&be->flush_lock);
+  struct backend_flush *f = &be->flush;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&f->lock);
 
-  if (be->flush_running ||
-      atomic_load (&be->write_gen) != be->flushed_gen)
-    errseq_raise (be);
+  if (f->running || atomic_load (&f->write_gen) != f->flushed_gen)
+    errseq_raise (f);
   /* The running flush may have been sent after the loss (retried on a
    * new connection): its success would say nothing about the lost writes.
    */
-  if (be->flush_running)
-    be->lost_seq = be->running_seq;
+  if (f->running)
+    f->lost_seq = f->running_seq;
 }
 
-/* Called when a write-type clone completes (clone_done). */
+/* A write-type clone completed (clone_done) and may have dirtied c->be. */
 void
 flush_note_write (struct clone *c)
 {
-  /* A write the backend made durable itself (native FUA) dirties
-   * nothing; a failed one may have written part, so it counts.
-   */
-  struct backend *be = c->be;
+  struct backend_flush *f = &c->be->flush;
 
   /* One bump after each flush start is enough: write_gen then exceeds
    * what that flush covers, and the next flush request sees it.  A write
    * that reads the old started_gen completed before the new flush stored
    * it, so before that flush reached the backend: covered by it.
    */
-  if (atomic_load (&be->write_gen) == atomic_load (&be->started_gen))
-    atomic_fetch_add (&be->write_gen, 1);
+  if (atomic_load (&f->write_gen) == atomic_load (&f->started_gen))
+    atomic_fetch_add (&f->write_gen, 1);
 }
 
-/* Called when a flush clone completes (clone_done); its result. */
-int
+/* Flush number seq of be completed (clone_done); its result. */
+static int
 flush_end (struct backend *be, uint64_t seq, int error)
 {
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&be->flush_lock);
+  struct backend_flush *f = &be->flush;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&f->lock);
 
-  assert (be->flush_running && be->running_seq == seq);
-  if (error == 0 && seq <= be->lost_seq)
+  assert (f->running && f->running_seq == seq);
+  if (error == 0 && seq <= f->lost_seq)
     error = -EIO;
-  be->flush_running = false;
-  be->done_seq = seq;
+  f->running = false;
+  f->done_seq = seq;
   if (error) {
-    be->failed_seq = seq;
-    errseq_raise (be);
+    f->failed_seq = seq;
+    errseq_raise (f);
   }
-  else if (be->running_gen > be->flushed_gen)
-    be->flushed_gen = be->running_gen;
-  pthread_cond_broadcast (&be->flush_cond);
+  else if (f->running_gen > f->flushed_gen)
+    f->flushed_gen = f->running_gen;
+  pthread_cond_broadcast (&f->cond);
   return error;
+}
+
+void
+clone_done (struct clone *c, int error)
+{
+  int seen = error;             /* what the request sees */
+
+  /* A target's hook (mirror) may send the clone again elsewhere, or
+   * decide what the request sees; the bookkeeping below still records
+   * what happened on this backend.
+   */
+  if (c->end_io) {
+    seen = c->end_io (c, c->end_io_ctx, c->end_io_arg, error);
+    if (seen == CLONE_RETRY) {
+      io_req_clone_retry (c);
+      return;
+    }
+  }
+  switch (c->op) {
+  case IO_WRITE: case IO_ZERO: case IO_TRIM:
+    /* A write the backend made durable itself (native FUA) dirties
+     * nothing; a failed one may have written part, so it counts.
+     */
+    if (error || !(c->flags & MAPPER_FUA))
+      flush_note_write (c);
+    break;
+  case IO_FLUSH:
+    if (c->seq)                 /* one of ours (flush_decide) */
+      seen = flush_end (c->be, c->seq, error);
+    break;
+  case IO_READ:
+    break;
+  }
+  io_req_clone_end (c, seen);
 }
 
 enum flush_plan {
@@ -174,39 +214,39 @@ struct flush_slot {
 static int
 flush_decide (struct flush_slot *s, struct io_req *req)
 {
-  struct backend *be = s->be;
+  struct backend_flush *f = &s->be->flush;
   struct clone *c;
 
-  pthread_mutex_lock (&be->flush_lock);
-  if (be->flushed_gen >= s->target) {
+  pthread_mutex_lock (&f->lock);
+  if (f->flushed_gen >= s->target) {
     s->plan = PLAN_DONE;
   }
-  else if (be->flush_running) {
-    s->seq = be->running_seq;
-    s->plan = be->running_gen >= s->target ? PLAN_JOIN : PLAN_WAIT;
+  else if (f->running) {
+    s->seq = f->running_seq;
+    s->plan = f->running_gen >= s->target ? PLAN_JOIN : PLAN_WAIT;
   }
   else {
     c = io_req_new_clone (req);
     if (c == NULL) {
-      pthread_mutex_unlock (&be->flush_lock);
+      pthread_mutex_unlock (&f->lock);
       s->plan = PLAN_DONE;
       return -ENOMEM;
     }
-    be->flush_running = true;
-    be->running_gen = atomic_load (&be->write_gen);
-    atomic_store (&be->started_gen, be->running_gen);
-    be->running_seq = be->done_seq + 1;
-    be->nr_flushes++;
+    f->running = true;
+    f->running_gen = atomic_load (&f->write_gen);
+    atomic_store (&f->started_gen, f->running_gen);
+    f->running_seq = f->done_seq + 1;
+    f->nr_flushes++;
     *c = (struct clone) {
-      .req = req, .be = be, .op = IO_FLUSH, .seq = be->running_seq,
+      .req = req, .be = s->be, .op = IO_FLUSH, .seq = f->running_seq,
     };
     /* Its result comes through req; joining our own flush also gives
      * this backend's own result (io_flush_backends_each).
      */
-    s->seq = be->running_seq;
+    s->seq = f->running_seq;
     s->plan = PLAN_JOIN;
   }
-  pthread_mutex_unlock (&be->flush_lock);
+  pthread_mutex_unlock (&f->lock);
   return 0;
 }
 
@@ -214,13 +254,13 @@ flush_decide (struct flush_slot *s, struct io_req *req)
 static int
 flush_wait (struct flush_slot *s)
 {
-  struct backend *be = s->be;
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&be->flush_lock);
+  struct backend_flush *f = &s->be->flush;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&f->lock);
 
-  while (be->done_seq < s->seq)
-    pthread_cond_wait (&be->flush_cond, &be->flush_lock);
+  while (f->done_seq < s->seq)
+    pthread_cond_wait (&f->cond, &f->lock);
   /* Conservative: a failure of this flush or a later one. */
-  return be->failed_seq >= s->seq ? -EIO : 0;
+  return f->failed_seq >= s->seq ? -EIO : 0;
 }
 
 int
@@ -252,7 +292,7 @@ io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
   }
   for (i = 0; i < n; i++)
     slots[i] = (struct flush_slot) {
-      .be = bes[i], .target = atomic_load (&bes[i]->write_gen),
+      .be = bes[i], .target = atomic_load (&bes[i]->flush.write_gen),
       .plan = PLAN_DECIDE,
     };
   if (errs)

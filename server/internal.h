@@ -16,26 +16,6 @@
 
 extern const char *const io_op_name[];
 
-/* One piece of a request, addressed to one backend.  buf points into the
- * client's buffer (or is NULL for zero/trim/flush).
- */
-struct clone {
-  struct io_req *req;
-  struct backend *be;
-  uint64_t offset;              /* backend coordinates, bytes */
-  uint64_t len;
-  char *buf;
-  uint32_t flags;               /* MAPPER_FUA, MAPPER_MAY_TRIM, ... */
-  enum io_op op;
-  uint64_t seq;                 /* IO_FLUSH: the backend flush's number */
-  /* Optional per-target completion hook (io_emit_end_io): see target.h. */
-  clone_end_io_fn end_io;
-  void *end_io_ctx;
-  uint64_t end_io_arg;
-  struct clone *retry_next;     /* io_req.retry list */
-  struct clone *qnext;          /* the I/O loop's or local pool's queue */
-};
-
 /* A request in flight: lives on the submitting worker's stack.  Clone
  * descriptors go in the inline array, spilling to the heap only for very
  * wide fan-outs.
@@ -66,36 +46,36 @@ void localpool_stop (void);
 void mapper_log_io_req (const char *devname, const struct io_req *req,
                         uint64_t offset, uint64_t count);
 
-/* ioloop.c: the thread owning every remote connection. */
-struct ioloop_job {
-  struct ioloop_job *next;
-  /* Runs in the loop thread; error is -ESHUTDOWN if the loop stopped
-   * (or could not start) before running it.
-   */
-  void (*fn) (struct ioloop_job *job, int error);
-};
+/* ioloop.c: the thread owning every remote connection (the part for
+ * backends is in backend.h).
+ */
 int ioloop_start (struct mapper_err *err);
 void ioloop_stop (void);
-/* ops->submit of a loop backend: queue c; start() runs in the loop. */
-void ioloop_submit (struct backend *be, struct clone *c);
-/* Between these, ioloop_submit only queues; _end wakes the loop once. */
-void ioloop_batch_begin (void);
-void ioloop_batch_end (void);
-void ioloop_queue_job (struct ioloop_job *job);
-/* Queue job for the loop of generation gen if that loop still runs (it
- * never starts one); false if not, and the caller keeps the job.  For
- * threads that may outlive a loop.
+
+/* plug.c: this thread is issuing a request's clones (io_req_run): from
+ * io_plug_start to io_plug_finish, a submitter that batches may hold
+ * clones back, having registered a callback with io_plug_add_cb, which
+ * io_plug_finish runs.  Plugs nest; every finish runs every callback.
  */
-bool ioloop_post (struct ioloop_job *job, unsigned gen);
-/* Run fn(arg) in the loop thread and wait; inline if no loop runs. */
-void ioloop_call (void (*fn) (void *arg), void *arg);
-/* For backends, in the loop thread. */
-struct ev_loop *ioloop_ev (void);
-unsigned ioloop_generation (void);
-bool ioloop_in_loop_thread (void);
+struct io_plug_cb {
+  struct io_plug_cb *next;
+  void (*unplug) (struct io_plug_cb *cb);       /* send what was held */
+};
+void io_plug_start (void);
+void io_plug_finish (void);
+/* Register cb on this thread's plug: false if there is none (then send
+ * at once).  At most once until the next finish: cb is a list link.
+ */
+bool io_plug_add_cb (struct io_plug_cb *cb);
 
 /* io.c: the request/clone core. */
-void clone_done (struct clone *c, int error);  /* error: 0 or -errno */
+/* The request's side of clone_done (flush.c), after the backend's
+ * bookkeeping: c is done and its request sees seen (0 or -errno); or
+ * c's end_io asked for a retry (CLONE_RETRY): the waiter submits it
+ * again.
+ */
+void io_req_clone_end (struct clone *c, int seen);
+void io_req_clone_retry (struct clone *c);
 /* Inline: every request on the hot path starts and ends with these. */
 static inline void
 io_req_init (struct io_req *req, enum io_op op, uint32_t flags)
@@ -125,6 +105,18 @@ int io_req_run (struct io_req *req);
 void io_req_cancel (struct io_req *req);
 
 /* flush.c */
+void backend_flush_init (struct backend *be);
+void backend_flush_destroy (struct backend *be);
+/* The error clock now: an observer's starting point. */
+uint64_t errseq_sample (void);
+/* be's latest error stamp, including a stacked device's backends. */
+uint64_t backend_errseq (struct backend *be);
+/* A device dropped be at a swap: keep its errors for the device's
+ * observers, whose flushes no longer reach it.
+ */
+void errseq_note_dropped (_Atomic uint64_t *dev_err, struct backend *be);
+/* An observer flushed having sampled the clock at sample. */
+void errseq_seen (_Atomic uint64_t *seen, uint64_t sample);
 /* Make every write completed on bes[0..n) so far durable: at most one
  * backend flush each, in parallel, shared with concurrent callers, none
  * for a clean backend.  0 or the first -errno.
@@ -138,11 +130,20 @@ int io_flush_backends_each (struct backend *const *bes, size_t n, int *errs);
  */
 int io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
                             uint64_t seen);
-void flush_note_write (struct clone *c);
-/* Returns the flush's result: error, or -EIO if writes were lost while
- * it ran.
+/* A write-type clone completed on c->be (clone_done, which is in
+ * flush.c: the completion every backend calls keeps its bookkeeping).
  */
-int flush_end (struct backend *be, uint64_t seq, int error);
+void flush_note_write (struct clone *c);
+
+/* backend.c: the registry.  Open (or share) the backend spec names;
+ * another reference to one held; drop one (the last closes it).
+ */
+int backend_get (const char *spec, struct backend **out,
+                 struct mapper_err *err);
+void backend_hold (struct backend *be);
+void backend_put (struct backend *be);
+/* engine_stop: each kind's stop hook (struct backend_kind). */
+void backend_kinds_stop (void);
 
 /* table.c */
 DEFINE_VECTOR_TYPE (backend_vector, struct backend *);
@@ -242,8 +243,9 @@ struct device {
   pthread_cond_t drain_cond;
   struct table *inactive;
   _Atomic unsigned open_count;
-  /* Tables naming this device as mapper:NAME (backends/device.c): they
-   * print and persist the name, so rename is refused while > 0.
+  /* Backends stacking on this device (device_get_stacked): while 0, no
+   * table holds it as mapper:NAME, and remove, rename and resume need not
+   * look for one.
    */
   _Atomic unsigned stack_holders;
 
@@ -316,10 +318,6 @@ int device_flush_backends (struct table *t, uint64_t seen);
  * flushed each device once.  Benchmarks only (bench/bench-flush).
  */
 int device_flush_per_target (struct table *t, uint64_t seen);
-/* device-io.c: the latest error stamp (flush.c) of dev's live backends
- * and of those its swaps dropped; takes dev->lock.
- */
-uint64_t device_errseq (struct device *dev);
 
 /* extents.c: the walk's state (device_extents starts it). */
 struct extent_walk {

@@ -123,42 +123,26 @@ futex_wake (_Atomic int *addr)
 }
 
 void
-clone_done (struct clone *c, int error)
+io_req_clone_retry (struct clone *c)
 {
   struct io_req *req = c->req;
-  int seen = error;             /* what the request sees */
 
-  /* A target's hook (mirror) may send the clone again elsewhere, or
-   * decide what the request sees; the backend's bookkeeping below still
-   * records what happened on this backend.
+  /* Hand it to the waiter: push, then change pending (the clone still
+   * holds its count, so req stays alive) so that a futex_wait on the old
+   * value returns.  The waiter takes the extra count back.
    */
-  if (c->end_io) {
-    seen = c->end_io (c, c->end_io_ctx, c->end_io_arg, error);
-    if (seen == CLONE_RETRY) {
-      /* Hand it to the waiter: push, then change pending (the clone
-       * still holds its count, so req stays alive) so that a futex_wait
-       * on the old value returns.  The waiter takes the extra count back.
-       */
-      c->retry_next = atomic_load (&req->retry);
-      while (!atomic_compare_exchange_weak (&req->retry, &c->retry_next, c))
-        ;
-      atomic_fetch_add (&req->pending, 1);
-      futex_wake (&req->pending);
-      return;
-    }
-  }
-  switch (c->op) {
-  case IO_WRITE: case IO_ZERO: case IO_TRIM:
-    if (error || !(c->flags & MAPPER_FUA))
-      flush_note_write (c);
-    break;
-  case IO_FLUSH:
-    if (c->seq)
-      seen = flush_end (c->be, c->seq, error);
-    break;
-  case IO_READ:
-    break;
-  }
+  c->retry_next = atomic_load (&req->retry);
+  while (!atomic_compare_exchange_weak (&req->retry, &c->retry_next, c))
+    ;
+  atomic_fetch_add (&req->pending, 1);
+  futex_wake (&req->pending);
+}
+
+void
+io_req_clone_end (struct clone *c, int seen)
+{
+  struct io_req *req = c->req;
+
   if (seen) {
     int expected = 0;
     assert (seen < 0);
@@ -192,16 +176,17 @@ io_req_run (struct io_req *req)
    */
   atomic_store_explicit (&req->pending, req->nr + 1, memory_order_relaxed);
 
-  /* Remote clones first: queued to the I/O loop as one batch with one
-   * wake-up, they are under way while the local ones complete inline.
+  /* Remote clones first: plugged, the I/O loop takes them as one batch
+   * with one wake-up (plug.c), and they are under way while the local
+   * ones complete inline.
    */
-  ioloop_batch_begin ();
+  io_plug_start ();
   for (size_t i = 0; i < req->nr; i++) {
     struct clone *c = &req->clones[i];
     if (c->be->ops->start)
       c->be->ops->submit (c->be, c);
   }
-  ioloop_batch_end ();
+  io_plug_finish ();
   /* Local clones that wait for a device (flush, FUA write): when there
    * are several, all but the last go to the local pool so that they wait
    * side by side; the rest complete inline here.  Only a flush or a FUA

@@ -1,6 +1,7 @@
 /* The I/O loop: one thread running a libev loop that owns every remote
  * connection.  Workers hand it clones through a lock-free queue and an
- * ev_async (a whole split request is one batch and one wake-up); other
+ * ev_async (a whole split request is one batch and one wake-up: the
+ * loop registers itself on the submitting thread's plug, plug.c); other
  * threads run short jobs in it (extents queries, closing a backend,
  * status).  Nothing here knows NBD: backends with an ops->start are
  * called in the loop thread for each clone queued to them, and add their
@@ -47,12 +48,14 @@ static _Atomic (struct clone *) queue_head;
 static pthread_mutex_t jobs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ioloop_job *jobs_head, **jobs_tail = &jobs_head;
 
-static __thread bool batching;  /* between ioloop_batch_begin and _end */
 static __thread bool in_loop;   /* this is the loop thread */
-/* While batching: this thread's clones, newest first, pushed as one
- * chain by ioloop_batch_end.
+/* While this thread is plugged (plug.c): its clones, newest first,
+ * pushed as one chain by batch_unplug.  batch_newest is NULL while
+ * batch_cb is not registered on the plug.
  */
 static __thread struct clone *batch_newest, *batch_oldest;
+static void batch_unplug (struct io_plug_cb *cb);
+static __thread struct io_plug_cb batch_cb = { .unplug = batch_unplug };
 
 struct ev_loop *
 ioloop_ev (void)
@@ -230,7 +233,10 @@ push_clones (struct clone *newest, struct clone *oldest)
 void
 ioloop_submit (struct backend *be, struct clone *c)
 {
-  if (!batching) {
+  /* Not plugged: at once.  Plugged: the first clone registers the batch
+   * on the plug, the next ones join it.
+   */
+  if (batch_newest == NULL && !io_plug_add_cb (&batch_cb)) {
     push_clones (c, c);
     kick ();
     return;
@@ -241,21 +247,13 @@ ioloop_submit (struct backend *be, struct clone *c)
     batch_oldest = c;
 }
 
-void
-ioloop_batch_begin (void)
+/* The plug is finishing: this thread's batch, one push, one wake-up. */
+static void
+batch_unplug (struct io_plug_cb *cb)
 {
-  batching = true;
-}
-
-void
-ioloop_batch_end (void)
-{
-  batching = false;
-  if (batch_newest) {
-    push_clones (batch_newest, batch_oldest);
-    batch_newest = batch_oldest = NULL;
-    kick ();
-  }
+  push_clones (batch_newest, batch_oldest);
+  batch_newest = batch_oldest = NULL;
+  kick ();
 }
 
 static void

@@ -172,8 +172,8 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
   /* What the table maps of a device it stacks on: a change of that
    * device's table must keep it valid (device_check_holders).
    */
-  if (device_backend_device (be) && (r = note_stack_use (t, be, end,
-                                                         start | len)) < 0) {
+  if (backend_lower_device (be) && (r = note_stack_use (t, be, end,
+                                                        start | len)) < 0) {
     backend_put (be);
     mapper_err_set (err, "out of memory");
     return r;

@@ -13,10 +13,6 @@
 
 #include "internal.h"
 
-_Static_assert ((uint64_t) MAPPER_MAX_SECTORS ==
-                (uint64_t) INT64_MAX >> MAPPER_SECTOR_SHIFT,
-                "MAPPER_MAX_SECTORS is the largest int64 size in sectors");
-
 /* --- status --------------------------------------------------------- */
 
 size_t

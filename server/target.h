@@ -23,8 +23,6 @@ struct clone;
 struct backend;
 struct extent_walk;
 
-enum io_op { IO_READ, IO_WRITE, IO_ZERO, IO_TRIM, IO_FLUSH };
-
 /* One cache line, built in place in the table's array and never moved,
  * so that a small private struct can live inside it
  * (target_private_alloc): a request on a cold wide table then misses

@@ -39,16 +39,16 @@ hex_digit (int c)
   return -1;
 }
 
-/* engine.c */
+/* util.c */
 uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
 /* A thread that blocks all signals, named NAME; 0 or an errno. */
 int mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
                           const char *name);
 
-/* engine.c: one turn of a wait that holds a client request: wait on
- * cond (lock held, as for pthread_cond_wait) until woken or until
- * deadline (monotonic_ns, 0: none), at most one slice.  Once a slice has
- * passed since *asked (0 at the start of the wait), asks
+/* util.c: one turn of a wait that holds a client request: wait on cond
+ * (lock held, as for pthread_cond_wait) until woken or until deadline
+ * (monotonic_ns, 0: none), at most one slice.  Once a slice has passed
+ * since *asked (0 at the start of the wait), asks
  * mapper_request_abandoned (engine.h) first.  0: look at the condition
  * again; -ESHUTDOWN: give the request up.  The fast path never comes
  * here.
@@ -64,14 +64,14 @@ extern __thread _Atomic bool *request_wait_cancel;
 
 /* The largest sector count (start, length, offset): its bytes must fit
  * in an NBD size, which nbdkit and libnbd hold in an int64_t (checked
- * against MAPPER_SECTOR_SHIFT in target.c).
+ * against MAPPER_SECTOR_SHIFT in util.c).
  */
 #define MAPPER_MAX_SECTORS 18014398509481983    /* INT64_MAX >> 9 */
 #define MAPPER_STR_(x) #x
 #define MAPPER_STR(x) MAPPER_STR_(x)
 #define MAPPER_MAX_SECTORS_TEXT MAPPER_STR (MAPPER_MAX_SECTORS)
 
-/* engine.c: strict number parsing ("%llu%c" style). */
+/* util.c: strict number parsing ("%llu%c" style). */
 int parse_u64 (const char *s, uint64_t *out);
 int parse_sectors (const char *s, uint64_t *bytes);  /* sectors -> bytes */
 /* Why they failed with r: "overflows 64 bits", "overflows the largest

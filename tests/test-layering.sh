@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The engine's layers, as the include lines show them (server/README.md):
 #  - each public header compiles alone, first in an empty file;
-#  - a leaf (a file under server/targets/) includes only its API
-#    (target.h), the utilities (util.h) and headers of its own
-#    directory, never a core-private header such as internal.h;
-#  - the target types come from one list, server/targets.def: each type
-#    a file under server/targets/ defines is listed there and in
-#    server/Makefile.am, and no core file names one.
+#  - a leaf (a file under server/targets/ or server/backends/) includes
+#    only its API (target.h, backend.h), the utilities (util.h) and
+#    headers of its own directory, never a core-private header such as
+#    internal.h;
+#  - the target types come from one list, server/targets.def, and the
+#    backend kinds from another, server/backends/backends.def: each one
+#    a file defines is listed there and built by server/Makefile.am, and
+#    no core file names one.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 cc=${CC:-cc}
@@ -40,24 +42,38 @@ leaf ()
     [ -z "$bad" ] || die "server/$dir/ may include only $* and its own headers"
 }
 leaf targets target.h util.h
+leaf backends backend.h util.h
 
-# One list of target types.
-listed=$(sed -n 's/^TARGET (\([a-z0-9_]*\))$/\1/p' "$srv/targets.def")
-[ -n "$listed" ] || die "server/targets.def lists no target"
-defined=$(sed -n 's/^const struct target_type \([a-z0-9_]*\)_target = {$/\1/p' \
-              "$srv"/targets/*.c)
-for t in $defined; do
-    grep -qx "$t" <<< "$listed" ||
-        die "target type ${t}_target is not in server/targets.def"
-done
-for t in $listed; do
-    grep -qx "$t" <<< "$defined" ||
-        die "server/targets.def lists $t, which no file under server/targets/ defines"
-    file=$(grep -l "^const struct target_type ${t}_target = {" "$srv"/targets/*.c)
-    grep -q "targets/${file##*/}" "$srv/Makefile.am" ||
-        die "server/Makefile.am does not build ${file##*/}"
-    if grep -lw "${t}_target" "$srv"/*.c "$srv"/*.h > "$tmpdir/names"; then
-        die "$(tr '\n' ' ' < "$tmpdir/names")names ${t}_target: use server/targets.def"
-    fi
-done
-echo "layering: ok ($(wc -w <<< "$listed") targets)"
+# one_list WHAT DEF MACRO DIR STRUCT SUFFIX: the names server/DEF lists
+# as MACRO (NAME) are exactly those a file under server/DIR defines as
+# "const struct STRUCT NAME_SUFFIX = {"; server/Makefile.am builds each
+# such file and no core file names NAME_SUFFIX.  nr_listed: how many.
+one_list ()
+{
+    local what=$1 def=$2 macro=$3 dir=$4 type=$5 suffix=$6
+    local listed defined n file
+    listed=$(sed -n "s/^$macro (\([a-z0-9_]*\))\$/\1/p" "$srv/$def")
+    [ -n "$listed" ] || die "server/$def lists no $what"
+    defined=$(sed -n "s/^const struct $type \([a-z0-9_]*\)_$suffix = {\$/\1/p" \
+                  "$srv/$dir"/*.c)
+    for n in $defined; do
+        grep -qx "$n" <<< "$listed" ||
+            die "$what ${n}_$suffix is not in server/$def"
+    done
+    for n in $listed; do
+        grep -qx "$n" <<< "$defined" ||
+            die "server/$def lists $n, which no file under server/$dir/ defines"
+        file=$(grep -l "^const struct $type ${n}_$suffix = {" "$srv/$dir"/*.c)
+        grep -q "$dir/${file##*/}" "$srv/Makefile.am" ||
+            die "server/Makefile.am does not build ${file##*/}"
+        if grep -lw "${n}_$suffix" "$srv"/*.c "$srv"/*.h > "$tmpdir/names"; then
+            die "$(tr '\n' ' ' < "$tmpdir/names")names ${n}_$suffix: use server/$def"
+        fi
+    done
+    nr_listed=$(wc -w <<< "$listed")
+}
+one_list "target type" targets.def TARGET targets target_type target
+nr_targets=$nr_listed
+one_list "backend kind" backends/backends.def BACKEND backends backend_kind \
+    backend_kind
+echo "layering: ok ($nr_targets targets, $nr_listed backend kinds)"

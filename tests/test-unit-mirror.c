@@ -648,11 +648,11 @@ test_stacking (void)
   leaf = l1->live->backends.ptr[0];
   unit_fill (data, 65536, 5, 0);
   CHECK_EQ (device_pwrite (t, data, 65536, 4096, 0), 0);
-  before = leaf->nr_flushes;
+  before = leaf->flush.nr_flushes;
   CHECK_EQ (device_flush (t, 0), 0);
-  CHECK_EQ (leaf->nr_flushes - before, 1);
+  CHECK_EQ (leaf->flush.nr_flushes - before, 1);
   CHECK_EQ (device_flush (t, 0), 0);      /* clean: none */
-  CHECK_EQ (leaf->nr_flushes - before, 1);
+  CHECK_EQ (leaf->flush.nr_flushes - before, 1);
   {
     size_t size;
     CLEANUP_FREE char *f = unit_read_file (C, &size);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "backends/nbd-internal.h"
 #include "unit.h"
 
 static pid_t servers[2];

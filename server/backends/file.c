@@ -18,7 +18,8 @@
 #include <linux/fs.h>
 #endif
 
-#include "internal.h"
+#include "backend.h"
+#include "util.h"
 
 struct file_backend {
   struct backend be;
@@ -277,34 +278,58 @@ static const struct backend_ops file_ops = {
   .close = file_close,
 };
 
-int
-file_backend_key (const struct stat *st, char **key)
+/* A path: whatever the kinds before this one in backends.def leave. */
+static bool
+file_claims (const char *spec)
 {
-  int r;
-
-  if (S_ISBLK (st->st_mode))
-    r = asprintf (key, "blk:%ju", (uintmax_t) st->st_rdev);
-  else if (S_ISREG (st->st_mode))
-    r = asprintf (key, "file:%ju:%ju", (uintmax_t) st->st_dev,
-                  (uintmax_t) st->st_ino);
-  else
-    return -EINVAL;
-  return r == -1 ? -ENOMEM : 0;
+  return true;
 }
 
-int
-file_backend_open (const char *path, const char *canonical,
-                   const struct stat *st0, struct backend **out,
-                   struct mapper_err *err)
+/* Files are the same backend when they are the same inode, by whatever
+ * path (symlink, hard link, another device node).
+ */
+static int
+file_key (const char *spec, char **key, struct mapper_err *err)
 {
+  CLEANUP_FREE char *canonical = realpath (spec, NULL);
+  struct stat st;
+  int r;
+
+  if (canonical == NULL || stat (canonical, &st) == -1) {
+    r = -errno;
+    mapper_err_set (err, "%s: %s", spec, mapper_strerror (errno));
+    return r;
+  }
+  if (S_ISBLK (st.st_mode))
+    r = asprintf (key, "blk:%ju", (uintmax_t) st.st_rdev);
+  else if (S_ISREG (st.st_mode))
+    r = asprintf (key, "file:%ju:%ju", (uintmax_t) st.st_dev,
+                  (uintmax_t) st.st_ino);
+  else {
+    mapper_err_set (err, "%s: not a regular file or block device", spec);
+    return -EINVAL;
+  }
+  if (r == -1) {
+    mapper_err_set (err, "%s: out of memory", spec);
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+static int
+file_open (const char *path, const char *key, struct backend **out,
+           struct mapper_err *err)
+{
+  CLEANUP_FREE char *canonical = realpath (path, NULL);
   struct file_backend *f;
   struct stat st;
   bool readonly = false;
   int fd, r;
 
-  if (!S_ISREG (st0->st_mode) && !S_ISBLK (st0->st_mode)) {
-    mapper_err_set (err, "%s: not a regular file or block device", path);
-    return -EINVAL;
+  if (canonical == NULL) {
+    r = -errno;
+    mapper_err_set (err, "%s: %s", path, mapper_strerror (errno));
+    return r;
   }
   fd = open (canonical, O_RDWR | O_CLOEXEC);
   if (fd == -1 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
@@ -366,3 +391,10 @@ file_backend_open (const char *path, const char *canonical,
   *out = &f->be;
   return 0;
 }
+
+const struct backend_kind file_backend_kind = {
+  .name = "file",
+  .claims = file_claims,
+  .key = file_key,
+  .open = file_open,
+};

@@ -3,6 +3,12 @@
  * process and on the submitting thread (no NBD hop, no copy: the lower
  * device's clones point into the same client buffer).
  *
+ * A backend like the others, and a user of the engine's public API
+ * (engine.h) like the plugin: it knows no more of a device than its
+ * name.  The core learns which device a backend stacks on through the
+ * lower_device op, to refuse cycles and to find the tables holding a
+ * device (device.c).
+ *
  * The lower device must have a live table when the upper table is
  * loaded: -ENXIO otherwise (the plugin then defers the upper table until
  * the lower one is loaded).
@@ -19,27 +25,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "backend.h"
+#include "util.h"
 
-struct device_backend {
+struct stacked_backend {
   struct backend be;
-  struct device *dev;           /* read-only; a counted reference + open */
+  struct device *dev;           /* read-only; from device_get_stacked */
 };
 
-#define DB(be) ((struct device_backend *) (be))
-
-static const struct backend_ops device_ops;
-
-struct device *
-device_backend_device (const struct backend *be)
-{
-  return be->ops == &device_ops ? DB (be)->dev : NULL;
-}
+#define SB(be) ((struct stacked_backend *) (be))
 
 static void
-device_submit (struct backend *be, struct clone *c)
+stacked_submit (struct backend *be, struct clone *c)
 {
-  struct device *dev = DB (be)->dev;
+  struct device *dev = SB (be)->dev;
   uint32_t flags = c->flags & (MAPPER_FUA | MAPPER_MAY_TRIM | MAPPER_FAST_ZERO);
   int r;
 
@@ -63,7 +62,7 @@ device_submit (struct backend *be, struct clone *c)
     break;
   case IO_FLUSH:
     /* Its own result only: the errors of the lower device's backends
-     * reach the upper observer through device_be_errseq.
+     * reach the upper observer through stacked_errseq.
      */
     r = device_flush_errseq (dev, 0, NULL);
     break;
@@ -74,19 +73,19 @@ device_submit (struct backend *be, struct clone *c)
 }
 
 static int
-device_be_extents (struct backend *be, uint64_t offset, uint64_t len,
-                   bool req_one, mapper_extent_fn fn, void *opaque)
+stacked_extents (struct backend *be, uint64_t offset, uint64_t len,
+                 bool req_one, mapper_extent_fn fn, void *opaque)
 {
-  return device_extents (DB (be)->dev, MIN (len, UINT32_MAX & ~511ULL),
+  return device_extents (SB (be)->dev, MIN (len, UINT32_MAX & ~511ULL),
                          offset, req_one ? MAPPER_REQ_ONE : 0, fn, opaque);
 }
 
 static int
-device_get_size (struct backend *be, uint64_t *size)
+stacked_get_size (struct backend *be, uint64_t *size)
 {
   struct mapper_caps caps;
 
-  if (!device_get_caps (DB (be)->dev, &caps))
+  if (!device_get_caps (SB (be)->dev, &caps))
     return -ENXIO;
   *size = caps.size;
   return 0;
@@ -97,37 +96,61 @@ device_get_size (struct backend *be, uint64_t *size)
  * that finds this backend clean must still report them.
  */
 static uint64_t
-device_be_errseq (struct backend *be)
+stacked_errseq (struct backend *be)
 {
-  return device_errseq (DB (be)->dev);
+  return device_errseq (SB (be)->dev);
+}
+
+static struct device *
+stacked_lower_device (struct backend *be)
+{
+  return SB (be)->dev;
 }
 
 static void
-device_close (struct backend *be)
+stacked_close (struct backend *be)
 {
-  struct device_backend *d = DB (be);
+  struct stacked_backend *sb = SB (be);
 
-  atomic_fetch_sub (&d->dev->stack_holders, 1);
-  device_put (d->dev);
+  device_put_stacked (sb->dev);
   free (be->name);
-  free (d);
+  free (sb);
 }
 
-static const struct backend_ops device_ops = {
+static const struct backend_ops stacked_ops = {
   .kind = "device",
-  .submit = device_submit,
-  .extents = device_be_extents,
-  .get_size = device_get_size,
-  .errseq = device_be_errseq,
-  .close = device_close,
+  .submit = stacked_submit,
+  .extents = stacked_extents,
+  .get_size = stacked_get_size,
+  .errseq = stacked_errseq,
+  .lower_device = stacked_lower_device,
+  .close = stacked_close,
 };
 
-int
-device_backend_open (const char *spec, struct backend **out,
-                     struct mapper_err *err)
+static bool
+stacked_claims (const char *spec)
+{
+  return strncmp (spec, DEVICE_BACKEND_PREFIX,
+                  strlen (DEVICE_BACKEND_PREFIX)) == 0;
+}
+
+/* Keyed by the device's name as written. */
+static int
+stacked_key (const char *spec, char **key, struct mapper_err *err)
+{
+  if ((*key = strdup (spec)) == NULL) {
+    mapper_err_set (err, "out of memory");
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+static int
+stacked_open (const char *spec, const char *key, struct backend **out,
+              struct mapper_err *err)
 {
   const char *name = spec + strlen (DEVICE_BACKEND_PREFIX);
-  struct device_backend *d;
+  struct stacked_backend *sb;
   struct mapper_caps caps;
   struct device *dev;
 
@@ -140,7 +163,7 @@ device_backend_open (const char *spec, struct backend **out,
    * holds it.  Not an open count (those are client connections):
    * remove and rename find the holders themselves (device.c).
    */
-  dev = device_get (name);
+  dev = device_get_stacked (name);
   if (dev == NULL) {
     mapper_err_set (err, "%s: no such device '%s' (not loaded: no table "
                     "for it, or tables stacking on each other in a cycle)",
@@ -151,23 +174,29 @@ device_backend_open (const char *spec, struct backend **out,
     mapper_err_set (err, "%s: device '%s' has no live table (not loaded "
                     "yet, or this is its own table: a device cannot stack "
                     "on itself)", spec, name);
-    device_put (dev);
+    device_put_stacked (dev);
     return -ENXIO;
   }
-  d = calloc (1, sizeof *d);
-  if (d == NULL || (d->be.name = strdup (spec)) == NULL) {
-    free (d);
-    device_put (dev);
+  sb = calloc (1, sizeof *sb);
+  if (sb == NULL || (sb->be.name = strdup (spec)) == NULL) {
+    free (sb);
+    device_put_stacked (dev);
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }
-  d->dev = dev;
-  atomic_fetch_add (&dev->stack_holders, 1);
-  d->be.ops = &device_ops;
-  d->be.caps = caps;
+  sb->dev = dev;
+  sb->be.ops = &stacked_ops;
+  sb->be.caps = caps;
   /* The lower device honours FUA itself (natively or by flushing). */
-  d->be.caps.can_flush = true;
-  d->be.caps.can_fua = true;
-  *out = &d->be;
+  sb->be.caps.can_flush = true;
+  sb->be.caps.can_fua = true;
+  *out = &sb->be;
   return 0;
 }
+
+const struct backend_kind stacked_backend_kind = {
+  .name = "device",
+  .claims = stacked_claims,
+  .key = stacked_key,
+  .open = stacked_open,
+};
