@@ -116,7 +116,10 @@ size_t table_format (const struct table *t, char *buf, size_t len);
 /* Each target's status (dmsetup status format, one line per target). */
 size_t table_status (const struct table *t, char *buf, size_t len);
 
-/* device.c */
+/* Devices: device.c (the registry, names, lifetime), device-slots.c
+ * (load, suspend, resume, replace), device-stack.c (the stacking
+ * checks), device-info.c (inspection, messages, events).
+ */
 int device_check_name (const char *name, struct mapper_err *err);
 int device_create (const char *name, struct device **out,
                    struct mapper_err *err);
@@ -162,7 +165,7 @@ size_t device_summary (struct device *dev, char *buf, size_t len);
 size_t device_status (struct device *dev, char *buf, size_t len);
 void device_open_count_add (struct device *dev, int delta);
 
-/* device.c: the control plane (lifetime, inspection, changes). */
+/* Devices: the control plane (lifetime, inspection, changes). */
 struct device_info {
   bool suspended;
   bool live, inactive;          /* table slots present */
