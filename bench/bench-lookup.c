@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* bench-lookup: the cost of finding a request's targets in a wide table,
  * for A/B comparisons without fio, nbdkit or the network.
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Replay the control-protocol corpus through the decoder harness (no
 # crash, every refusal has a message, accepted requests re-encode
 # exactly); under the sanitizer build this is an ASan run.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz harness for the control-protocol decoder.
  *
  * With clang's libFuzzer:

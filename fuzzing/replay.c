@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The plain driver for the fuzz harnesses: without libFuzzer (make check),
  * feed every file named on the command line to LLVMFuzzerTestOneInput, so
  * each corpus stays a regression test.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Build both harnesses with clang's libFuzzer + ASan and run each for a
 # bounded time (default 30 s each) starting from its seed corpus.  New
 # inputs go to a scratch copy, not the checked-in corpus.

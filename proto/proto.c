@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdmapper control protocol: strict, bounds-checked encode/decode and
  * HMAC-SHA256 tags.  Every length read from the wire is checked against
  * what is left before it is used.

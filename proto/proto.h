@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdmapper control protocol: message layout, encode/decode, HMAC tags.
  * Shared by the plugin's control export, nbdmsetup and the fuzz harness.
  * See PROTOCOL.md for the wire format; this header is its C mirror.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests of the wire format: encode/decode round trip, HMAC tags
  * (right key, wrong key, wrong nonce, altered byte), strict decoding,
  * response header, key file checks, crypt key masking.

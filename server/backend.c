@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The backend registry: backends are shared by every table that names
  * them, keyed by identity (struct backend_kind's key), and closed when
  * the last table using them is freed.  Only table build/free come here,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The backend API: everything a backend (server/backends/) sees of the
  * engine, as an nbdkit plugin sees <nbdkit-plugin.h>.  A backend
  * includes this and "util.h", never internal.h; this header compiles

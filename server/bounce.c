@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Per-thread bounce buffers, the one exception to clone-without-copy:
  * targets that transform data (crypt, flakey's corruption of writes)
  * cannot touch the client's write buffer (it is const), so they build

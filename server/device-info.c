@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Inspecting a device (its capabilities, info, table and status text,
  * backends), routing a message to a target of its live table, and its
  * events (dm's event counter and wait).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The device entry points of the request path: a request enters the
  * device's live table (the gate, device_enter), each target it touches maps
  * its piece into clones (io.c), and the clones run; flush goes once to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A device's table slots (dm's live and inactive tables) and the request
  * gate in front of the live one: load fills the inactive slot, suspend
  * closes the gate and drains the requests in flight, resume swaps the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Stacking ("mapper:NAME" backends, backends/stacked.c): the checks that
  * keep devices stacked on each other sound.  A table may not make its
  * device stack on itself, directly or through others (check_stack), and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Named devices: the registry (creation order, hash indexes by name and
  * by uuid), names and uuids, each device's lifetime (references, open
  * connections), rename and remove.  A device's table slots and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The engine as a whole: its settings, its version, and starting and
  * stopping its threads.  The small utilities are in util.c.
  */

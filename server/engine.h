@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdmapper engine: named devices whose dm-style tables remap byte ranges
  * onto shared backends.  This is the engine's one public header; it knows
  * nothing of nbdkit.  Functions that can fail on input return 0 or -errno

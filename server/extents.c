@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The extents walk: targets report the extents of their ranges through
  * it (target.h), in device order and contiguous, and it hands them to the
  * caller's callback (device_extents in device-io.c) until enough are

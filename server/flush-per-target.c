@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Benchmarks only (-D mapper.flush_per_target=1, bench/bench-flush): the
  * "before" of nbdmapper's flush, one uncoalesced backend flush per target
  * as dm did before it learnt to flush each device once.  A device created

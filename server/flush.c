@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Flush bookkeeping: one flush per distinct backend, skipped when the
  * backend is clean, shared between concurrent flushes from any number of
  * connections, and never reported durable when it may not be.

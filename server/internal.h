@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Private declarations of the engine, grouped by defining file. */
 #ifndef NBDMAPPER_INTERNAL_H
 #define NBDMAPPER_INTERNAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The request/clone core: a request becomes clones (no data copy: each
  * points into the client's buffer), issued to their backends, then waited
  * for.  No global lock; the request and its clone descriptors live on the

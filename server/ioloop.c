@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The I/O loop: one thread running a libev loop that owns every remote
  * connection.  Workers hand it clones through a lock-free queue and an
  * ev_async (a whole split request is one batch and one wake-up: the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The local pool: a few threads that run blocking local clones so that a
  * request reaching several local devices waits for the slowest, not for
  * the sum.  Only clones that wait for a device are sent here: flushes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Plugging, the block layer's blk_start_plug/blk_finish_plug idea: while
  * a thread issues the clones of a request, whoever can send them more
  * cheaply together holds them back and registers a callback on the

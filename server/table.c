@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Table text -> immutable struct table.  Everything is validated here, at
  * load time, so the request path only does arithmetic: no gaps, no
  * overlaps, start at 0, every backend area inside its backend, 64-bit

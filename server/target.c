@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The target API's toolkit (target.h): the status emitter, the argument
  * reader, the error prefix, and the accessors through which targets see
  * the engine's private structs without their layout.  None of these is

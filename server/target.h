@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The target API: everything a target (server/targets/) sees of the
  * engine, as dm's targets see <linux/device-mapper.h>.  A target
  * includes this and "util.h" (the utilities below every layer: macros,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The engine's small utilities (util.h): threads, clocks, the wait that
  * holds a request, errors, scope-bound cleanup, the vector's growth and
  * strict number parsing.  Nothing here knows a device, a table, a

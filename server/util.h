@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Small utilities for every layer of the engine and for targets: the
  * bottom of the include graph (nbdkit's common/include, common/utils).
  * Only the C library below it; it compiles alone.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A small generic vector: DEFINE_VECTOR_TYPE (name, type) declares
  * struct-like type `name` with ptr/len/cap and name_append/name_reset.
  */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Requests beyond the end of a device fail and never touch the backing
 files; requests up to the last byte work (tests/test-beyond-end.sh).
 

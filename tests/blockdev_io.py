@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Block devices as backends (tests/test-blockdev.sh): reads, writes, zero,
 trim, flush and extents through a device over loop devices; the
 device's bytes are saved to OUT for the caller to compare with the

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """An independent dm-crypt aes-xts reference for the crypt tests.
 
     crypt-reference.py encrypt|decrypt CIPHER HEXKEY IV_OFFSET SECTOR_SIZE \\

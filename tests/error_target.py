@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The error target (tests/test-error-target.sh): every request touching an
 error range fails with EIO, the neighbours work up to the edges.
 

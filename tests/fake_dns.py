@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A DNS server for one name, on 127.0.0.1:53 (tests/test-remote-lookup.sh
 runs it in a network namespace).  DIR/hold makes it hold queries
 (DIR/held says one came); DIR/dns.ready says it listens.

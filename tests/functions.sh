@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Sourced by every shell test.  Run from automake (tests/Makefile.am sets
 # top_srcdir, top_builddir, PLUGIN) or by hand from the build tree.
 set -e

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Requests of 64 MiB and zero/trim of nearly 4 GiB over an 8 GiB device
 (tests/test-large-requests.sh), and block status over all of it.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A proxy LISTEN -> TARGET (Unix sockets), one pair of threads per
 connection, in accept order (0, 1, ...) (tests/test-remote-loss-elsewhere.sh).
 A file CTL/freeze-N makes connection N silent: what the client sends is

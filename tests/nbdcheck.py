@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What the Python parts of the shell tests share (import nbdcheck;
 tests/functions.sh puts this directory on PYTHONPATH)."""
 import errno

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Remote backends (tests/test-remote-basic.sh): data written through the
 mapper read back from the servers A, B and Q directly and the other way,
 at every edge; zero, trim, FUA, flush and extents pass through.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What a remote backend can't do (tests/test-remote-caps.sh): a read-only
 server makes the device read-only (EPERM); a server without
 write-zeroes, FUA or extents still gets zeroes (written), FUA writes (a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A remote backend's lost writes are reported to every client connection
 open when they were lost, once each (tests/test-remote-errseq.sh).
 

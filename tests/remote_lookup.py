@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A host name looked up again at reconnect (tests/test-remote-lookup.sh):
 while the lookup is held by the DNS server (fake_dns.py), the other
 device still serves and a read on the one being looked up waits.

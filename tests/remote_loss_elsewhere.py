@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A restarted backend loses the writes acknowledged on every connection
 (tests/test-remote-loss-elsewhere.sh): with the connection holding the
 write silent (nbd_proxy.py) and the other reconnected to the new server,

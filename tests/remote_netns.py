@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A remote backend's link cut and left down (tests/test-remote-netns.sh,
 cases 2 and 3): remote reads and writes fail with EIO instead of
 hanging, stalled connections are dropped, and once the backend has been

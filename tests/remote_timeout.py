@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """remote-timeout (tests/test-remote-timeout.sh): a dead backend and a
 stalled one fail their requests with EIO within the limit; the local
 device goes on.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The model of tests/test-rw-edges.sh: reads, writes, zeroes, trims and
 block status at every edge of a table, checked against an independent
 model of where each byte lands, and finally byte for byte against the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Integration tests: shell scripts driving a captive nbdkit with real NBD
 # clients (nbdinfo, nbdsh/python3-libnbd, qemu-img, nbdcopy, fio, nbdfuse).
 # Each may exit 77 to skip when a tool or a privilege is missing.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The map of a one-target striped table from its backing files: "offset
 length type" lines, adjacent extents of one type merged
 (tests/test-striped-extents.sh compares nbdinfo --map with it).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Bad tables make nbdkit refuse to start, with FILE:LINE: and the reason.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 

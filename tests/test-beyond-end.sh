@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Requests beyond the end of a device fail and never touch the backing
 # files; requests up to the last byte work and stay inside the table's
 # areas, even when the backing files are larger than those areas.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Block devices as backends (loop devices over files in the scratch dir):
 # size checks, reads, writes, zero, trim, flush, extents, and the data
 # landing in the right place of the underlying files.

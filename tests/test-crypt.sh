@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The crypt target against an independent dm-crypt implementation
 # (tests/crypt-reference.py: XTS built from `openssl enc -aes-*-ecb`): for
 # each cipher, key size, IV mode, sector size, iv_large_sectors, iv_offset

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # -D mapper.io=1 logs how each request is split: a request spanning two
 # targets names the device and both backing files (or "clone"s); without
 # the flag nothing of the sort is logged.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The delay target through real clients: reads come from the read device,
 # writes (and zero) land on the write device, flushes complete, with small
 # delays on every class; the 3-argument form round-trips data with

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The error target: every read, write, zero and trim touching it fails with
 # EIO, including requests that only partly overlap it; its neighbours keep
 # working; the server survives.  Block status does not fail: the error

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A real filesystem on a striped device: nbdfuse exposes the device as a
 # file, a loop device turns it into a block device; mkfs.ext4, mount, write
 # files, umount, fsck clean, remount and compare checksums; then a fresh

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # fio's nbd engine with checksum verification on striped devices: random
 # mixed I/O, aligned and unaligned block sizes, several concurrent jobs
 # (connections), with a non-power-of-two and a power-of-two chunk size.

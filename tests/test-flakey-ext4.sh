@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The xfstests power-cut pattern on a flakey device with ext4 (through
 # nbdfuse and a loop device), switching tables live with nbdmsetup:
 #   1. flakey always up: mkfs, mount, write files and fsync them;

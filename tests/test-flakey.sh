@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The flakey target through a real client, one captive nbdkit per table
 # over the same backing file (a restart stands in for a table switch):
 # the xfstests power-cut pattern at block level (write + flush while up,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # One flush per dirty backend, counted at the system call: strace counts
 # fdatasync while clients flush a 1024-target table over one file and a
 # 64-target table over four files.  Nothing written -> no fdatasync;

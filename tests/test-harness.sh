@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The test harness itself (tests/functions.sh): each case is a small test
 # run here, whose exit status and messages are checked.  A server that
 # needed SIGKILL fails its test even when the test passed; so does one

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Sizes, export list, descriptions and default export as seen by nbdinfo;
 # --help and --dump-plugin output; tables=DIR.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Large requests: 64M reads/writes spanning many targets and chunks, zero
 # and trim of (almost) 4G, block status over a device larger than 4G.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"

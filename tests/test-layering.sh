@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The engine's layers, as the include lines show them (server/README.md):
 #  - each public header compiles alone, first in an empty file;
 #  - a leaf (a file under server/targets/ or server/backends/) includes

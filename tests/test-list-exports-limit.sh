@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # More devices than nbdkit will list (10,000): list_exports shows the first
 # 10,000 instead of failing the whole NBD_OPT_LIST, and a device past the
 # limit still opens by name.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A table with 20000 one-sector targets interleaving three files (in
 # reverse order in one of them): every request is split into many pieces.
 # Copy the whole device in and out with nbdcopy and check the backing

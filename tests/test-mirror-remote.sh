@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A mirror with one local leg and one remote leg (an nbdkit memory server
 # on a Unix socket).  The remote server is killed in the middle of a fio
 # --verify run: with handle_errors the client sees no error and status

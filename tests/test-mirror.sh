@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A two-leg mirror under fio --verify, one leg on a small tmpfs that fills
 # up mid-run (writes to it fail with ENOSPC): with handle_errors the
 # client sees no error and the leg's status turns D.  Then the leg is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Real clients copying whole devices: qemu-img convert/compare and nbdcopy,
 # into and out of a device mixing linear, striped and zero targets.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"

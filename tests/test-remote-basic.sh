@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Remote backends: nbdkit memory over a Unix socket and over TCP
 # 127.0.0.1, qemu-nbd over a Unix socket.  Data written through the
 # mapper is read back directly from the servers (and the other way), at

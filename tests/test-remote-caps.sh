@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # What a remote backend can't do: a read-only server makes the device
 # read-only (writes fail with EPERM); a server without write-zeroes, FUA
 # or extents still gets zeroes (written), FUA writes (emulated with a

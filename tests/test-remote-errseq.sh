@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A remote backend's lost writes are reported to every client connection
 # that was open when they were lost, once each (Linux errseq semantics),
 # not to whichever connection flushes first; connections opened later

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # One flush per dirty remote backend, counted by the backends themselves
 # (nbdkit's stats filter): a 1024-target table over one remote backend and
 # a 64-target table over four.  Nothing written -> no backend flush;

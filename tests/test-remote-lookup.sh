@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A remote backend named by host name, and a DNS server that stops
 # answering: reconnecting to that backend waits for the name, but the
 # I/O loop does not, so another remote device keeps serving meanwhile.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A remote server that restarts loses the writes acknowledged on every
 # connection, not only on the connection found dead first.  Here the
 # connection holding the write (1) is found dead late (a proxy keeps it

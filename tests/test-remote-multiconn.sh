@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A remote backend whose server comes back without multi-conn goes on
 # with one connection: requests (retried ones included) are served, the
 # writes acknowledged before the loss make the next flush fail with EIO

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A remote backend in another network namespace, and the link to it cut.
 #
 # Namespace B runs the backend (nbdkit file) on its end of a veth pair,

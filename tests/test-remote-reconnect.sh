@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A file-backed remote backend killed with SIGKILL in the middle of a
 # verified fio run and restarted within remote-timeout: the run finishes
 # with no error (requests are retried on the new connections).  Then the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Structured replies on a remote backend's connections.  Only connection
 # 0 asks for them (block status needs them); reads and writes go to the
 # other connections first, whose read replies are a plain header and the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A striped device over three remote backends (nbdkit file on a Unix
 # socket, nbdkit file over TCP 127.0.0.1, qemu-nbd on a Unix socket) and
 # one local file: random data copied in is read back identical, every

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # remote-timeout=3: a backend that is gone for good fails requests with
 # EIO (after the timeout, then at once while it stays down) while the
 # server and its other devices keep working, and block status over it

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A remote backend that requires TLS with a pre-shared key: the nbds+unix
 # URI names the user and the key file (a local file, which the plugin
 # allows); data goes through.  A wrong key fails at table load with the

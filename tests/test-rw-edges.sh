@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Byte-granular reads, writes, zero, trim, flush, FUA and extents at every
 # target edge and every stripe chunk edge, checked against an independent
 # Python model of the mapping (which byte of which backing file each device

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Several devices (and several targets of one device) over the same backing
 # file: a write through one is seen through every other view of the same
 # bytes; flush works on every device.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Stacking: "mapper:NAME" names another device of the same server.
 #  - a mirror over two stacked devices (striped and linear over two
 #    files): data lands where the lower tables say;

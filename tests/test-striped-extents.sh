@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Block status over striped devices: nbdinfo --map and qemu-img map give
 # exactly the map built from the backing files themselves (SEEK_DATA /
 # SEEK_HOLE on each stripe's area, chunk by chunk, in device order), on a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the crypt target.  Every malformed table refused with its
  * message (odd-length key, wrong key length for the cipher, unknown
  * cipher or IV mode, sector_size not a power of two in 512..4096, offsets

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the delay target.  Every malformed table refused with its
  * message; status round trips for the 3-, 6- and 9-argument forms; reads,
  * writes, zero and trim reach the right device at the right offset; and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Engine control plane: reference counts across remove, rename (old
  * names stay valid), replace (event, tables, data path), remove --force
  * (error table for open clients), clear, info, table/status text, wait

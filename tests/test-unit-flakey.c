@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the flakey target.  Every table dm-flakey refuses is
  * refused here with its message (up + down = 0, corrupt_bio_byte w with
  * drop_writes, duplicated and conflicting features, wrong feature

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Flush bookkeeping (server/flush.c) against a backend whose flushes we
  * count and fail on demand: clean backends are not flushed, concurrent
  * flushes share one backend flush, failures poison the next flush once,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the request path.  Splitting at every segment edge of a
  * table mixing linear (3 files), striped, zero and error targets, checked
  * against an in-memory model of the device and of the backing files;

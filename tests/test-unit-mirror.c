@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the mirror target and stacking ("mapper:NAME").
  *
  *  - every invalid mirror table refused with EINVAL and a message naming

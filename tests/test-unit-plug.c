@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Plugging (server/plug.c) and the I/O loop's batching through it: a
  * callback registered on a thread's plug runs when the plug finishes
  * (every callback at every finish, nested or not), and the clones a

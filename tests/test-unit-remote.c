@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Remote backends through the engine API, without engine_start: the I/O
  * loop starts at the first remote request, and again after engine_stop
  * (the backend's connections are adopted by the new loop).  URI

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: striped mapping math.  For 1..16 stripes and power-of-two
  * and other chunk sizes, write the whole device with odd-sized unaligned
  * requests and check every backing file byte for byte against an

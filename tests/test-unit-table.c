@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: table parsing (every bad-table case), table_format round
  * trips, capabilities, backend sharing, the lookup index, device names.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the small shared helpers of util.h and the target toolkit
  * of target.h, each on its own:
  *  - ARRAY_SIZE, MIN/MAX, DIV_ROUND_UP, IS_POWER_OF_2 at their edges;

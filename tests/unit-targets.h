@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers shared by the unit tests of the delay, flakey and crypt
  * targets: refused tables (errno, message, nothing changed, no fd
  * leaked), accepted tables, status text, devices over a table.

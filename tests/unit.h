@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Tiny unit-test helpers.  Every helper here and in unit-targets.h is
  * named unit_* (UNIT_* for macros); the assertions are CHECK, CHECKF and
  * CHECK_EQ, which count a failure and go on, and UNIT_EXIT ends main.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Raw control-protocol client for the tests (python3-libnbd), written
 # from proto/PROTOCOL.md: lets tests send truncated, oversized, garbage,
 # replayed and mis-tagged messages that nbdmsetup would never produce.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Sourced by the nbdmsetup tests: tests/functions.sh plus the control
 # export of the server the tests start (start_server ctl mapper ...:
 # $sock) and helpers to run nbdmsetup.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdmsetup: dmsetup for nbdmapper, over NBD to the control export.
  * A thin layer: parse arguments, connect, read the HELLO, send one
  * request, print the response in dmsetup's format or as JSON.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The control export at the wire level (test-nbdmsetup-proto.sh), with
 ctlproto.py: truncated, oversized, garbage, wrong-version, junk-trailing
 messages, FLUSH without a request, reads past the response, replayed and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The restart property, tested on random sequences of control commands.
 
 After ANY sequence of commands that the server accepted or refused

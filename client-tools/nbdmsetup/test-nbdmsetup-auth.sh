@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Access control: control-key=FILE checks (size, mode), HMAC tags (right
 # key, wrong key, missing key, replay), no key: Unix peers by uid only,
 # TCP refused with a hint; all of it under nbdkit --tls=require (PSK).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Every command against a live server: create (with and without a table),
 # load/resume, replace, info/table/status/ls/targets in dmsetup formats
 # and JSON, rename, remove (busy, --force), wait, message, list_exports.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdmsetup batch: many commands over one control connection.  Lines run
 # in order; the first failing line stops the batch, its message names the
 # line, and nothing after it runs.  Bad lines change nothing.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Bad input through nbdmsetup: each is refused with a clear message and
 # changes nothing (same tables, same list, backing data untouched).
 source "$(dirname "$0")/functions-ms.sh"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Events an administrator waits for, as dm raises them for dmeventd: a
 # mirror's resync completing and a mirror leg failing move the device's
 # event number, so "nbdmsetup wait NAME EVENT_NR" returns, and each is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # How the control export is served: under nbdkit -r, or behind an nbdkit
 # filter that does not pass it through, nbdmsetup says so (and writes
 # nothing to a device); behind the filters nbdmsetup(8) lists as safe,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A failed backend flush during a control command is never dropped:
 # - suspend fails, and the device carries on running (dm's __dm_suspend);
 # - resume with an inactive table fails, the live table stays and the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Bad input that nbdmsetup or the server used to take in silence, or
 # reported in the wrong terms: each is refused, the message names the
 # place (file and line or byte offset, the option, the limit), and

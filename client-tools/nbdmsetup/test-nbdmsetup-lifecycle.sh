@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Changes that would break a device stacked on another are refused,
 # naming the holder, and leave a tables=DIR that restarts:
 # - replace (and load + resume) of the lower device with a table shorter

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Many clients (a modest version of bench/bench-scale's): 64 connections
 # to one device, then 8 to each of 4 devices, every one doing verified
 # I/O (fio nbd engine, one thread and one connection per job, random

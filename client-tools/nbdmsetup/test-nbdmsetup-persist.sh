@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # tables=DIR: create/replace/resume/rename/remove are saved atomically; a
 # restarted server comes back with the same devices and tables; a device
 # created without a table comes back suspended and empty; a read-only DIR

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The control export at the wire level (ctlproto.py, from PROTOCOL.md):
 # truncated, oversized, garbage, wrong-version, junk-trailing messages,
 # FLUSH without a request, reads past the response, replayed and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Reload under load: fio (nbd engine) writes and verifies (crc32c,
 # interleaved and at the end) while 100 replace calls alternate between
 # three equivalent tables over the same file.  Zero I/O errors, clean

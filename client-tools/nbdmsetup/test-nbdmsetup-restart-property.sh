@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The restart property (restart_property.py): after random sequences of
 # control commands over stacked and unstacked devices, a server started
 # on a copy of tables=DIR serves the same devices with the same tables.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Many devices (a modest version of bench/bench-scale): 1,000 loaded from
 # tables=DIR and 500 more created at run time through nbdmsetup, each a
 # linear target over one of 4 shared backing files.  Every device is

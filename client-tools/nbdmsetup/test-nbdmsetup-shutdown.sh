@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A held request never holds the server up.  SIGTERM while a read waits
 # on a suspended device, or in a 10-minute delay, or while "nbdmsetup
 # wait" waits for an event that never comes: the server exits (stopping

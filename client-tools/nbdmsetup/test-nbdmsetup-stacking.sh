@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The control plane with stacked devices (mapper:NAME): a device another
 # one stacks on can't be removed (even with --force) nor renamed, and
 # info shows its holder apart from connections; a load or replace that

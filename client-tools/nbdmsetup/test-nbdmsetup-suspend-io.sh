@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Suspend holds I/O (not failed); after load + resume the waiting
 # requests complete on the new table.  A size change: new connections see
 # the new size; old ones fail cleanly past the new end.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdmsetup gives up on a server that does not answer: while connecting,
 # on the HELLO and on a request, with a message naming the step and the
 # limit (--timeout SECONDS, $NBDMSETUP_TIMEOUT, default 30).  wait's

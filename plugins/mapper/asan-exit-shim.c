@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Test-only: preloaded after the ASan runtime into nbdkit by the
  * sanitizer test runs, never installed.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The control export's commands: one function per command, each
  * checking its arguments, then reading or changing devices through the
  * engine.  Every command that changes a device is atomic (a failed

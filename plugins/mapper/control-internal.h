@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Private to the control export's files (mapper.c sees only control.h):
  *
  *   control.c          transport and authentication: control-key, the

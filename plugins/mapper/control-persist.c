@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tables=DIR persistence for the control export: every change a command
  * makes is saved there (temp file, fsync, rename, fsync dir) before it is
  * made visible, so that a restart with tables=DIR serves what was live.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The control export: transport and authentication.  A client reads the
  * HELLO (nonce) at offset 0, writes one request at offset 0, FLUSHes to
  * execute it and reads the response at offset 0.  Here: the control-key,

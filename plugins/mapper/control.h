@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The control export: one reserved export ("control") per server through
  * which nbdmsetup drives the engine.  See proto/PROTOCOL.md.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-mapper-plugin: serves every device of the engine as an NBD
  * export.  Reads top to bottom: configuration, connections, sizes and
  * capabilities, I/O, then the plugin struct.

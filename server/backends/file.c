@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Local files and block devices.  Requests complete inline in the
  * submitting worker: pread/pwrite loops straight into the client's buffer.
  */

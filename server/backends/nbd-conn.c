@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The NBD backend's connections (up to remote-connections per backend
  * when the server allows multi-conn).  Each is down, connecting or up;
  * the I/O loop watches its fd and its timer (back-off while down, the

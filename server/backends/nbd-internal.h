@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The NBD backend's private header: its state and what its files
  * (backends/nbd*.c) call of each other.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Host names, off the loop.  libnbd looks the host of an nbd:// or
  * nbds:// URI up with a blocking getaddrinfo inside nbd_aio_connect_uri.
  * For a URI whose host is a name, that call runs in the resolver thread,

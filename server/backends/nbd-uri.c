@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* NBD URIs (nbd://, nbds://, nbd+unix://, nbds+unix://): recognised,
  * and normalised into the backend's key, so that spellings of one
  * export are one backend (scheme and host case, the default port, the

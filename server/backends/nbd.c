@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Remote backends: an NBD server (nbd://, nbds://, nbd+unix://,
  * nbds+unix:// URIs) reached with libnbd's asynchronous API.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Stacking: "mapper:NAME" in a table names another device of the same
  * server.  Its clones go straight into that device's request path, in
  * process and on the submitting thread (no NBD hop, no copy: the lower

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The XTS transform of the crypt target (crypt-xts.h): dm-crypt's IVs,
  * the pool of cipher contexts, and XTS itself, OpenSSL's per sector or
  * batched from AES-ECB (see "Whole sectors, two ways" below).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The transform of the crypt target: AES-XTS (IEEE P1619, dm-crypt's
  * xts(aes)) over encryption sectors with dm-crypt's plain, plain64 and
  * plain64be IVs, built on OpenSSL, with a pool of cipher contexts keyed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* crypt <cipher> <key> <iv_offset> <dev> <offset> [<#opt_params> <opt>...]
  *
  * dm-crypt with OpenSSL: the bytes on the backend are exactly what Linux

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* delay <dev> <offset> <delay_ms>
  *       [<write_dev> <write_offset> <write_delay_ms>
  *        [<flush_dev> <flush_offset> <flush_delay_ms>]]

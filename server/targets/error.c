@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* error: every I/O fails with EIO (dm-error); block status says data. */
 #include <config.h>
 

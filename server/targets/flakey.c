@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* flakey <dev> <offset> <up_interval> <down_interval>
  *        [<#features> <feature>...]
  *

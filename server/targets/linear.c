@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* linear <dev> <offset>: one contiguous area of one backend. */
 #include <config.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The mirror target's resync (mirror.h): one engine-wide worker thread
  * copying out-of-sync regions from leg 0 to the other legs while their
  * tables are live, and the fence that keeps writes off the region being

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* mirror core <#log_args> <region_size> [sync|nosync] <#legs>
  *        (<dev> <offset>){#legs} [<#features> handle_errors]
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The mirror target's private header: its state, shared by the target
  * (mirror.c: constructor, I/O, status, events) and the resync worker
  * with the write fence (mirror-resync.c), as dm-raid1 shares its state

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* striped <#stripes> <chunk_sectors> (<dev> <offset>)...: chunks laid out
  * round-robin over the stripes, with dm-stripe's rules.  Power-of-two
  * chunk sizes and stripe counts take a shift/mask fast path computed once

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* zero: reads return zeros, writes are dropped (dm-zero). */
 #include <config.h>
 
