@@ -109,21 +109,27 @@ striped_dtr (struct target *ti)
   free (ti->private);
 }
 
+/* The chunk number of byte offset x (target- or stripe-relative) and
+ * where in that chunk x lies.
+ */
+static inline uint64_t
+striped_chunk_of (const struct striped *sc, uint64_t x, uint64_t *in_chunk)
+{
+  if (sc->chunk_shift >= 0) {
+    *in_chunk = x & (sc->chunk - 1);
+    return x >> sc->chunk_shift;
+  }
+  *in_chunk = x % sc->chunk;
+  return x / sc->chunk;
+}
+
 /* Stripe, row and offset in the chunk of target offset off. */
 static inline void
 striped_split (const struct striped *sc, uint64_t off, uint32_t *stripe,
                uint64_t *row, uint64_t *in_chunk)
 {
-  uint64_t chunk_nr;
+  uint64_t chunk_nr = striped_chunk_of (sc, off, in_chunk);
 
-  if (sc->chunk_shift >= 0) {
-    chunk_nr = off >> sc->chunk_shift;
-    *in_chunk = off & (sc->chunk - 1);
-  }
-  else {
-    chunk_nr = off / sc->chunk;
-    *in_chunk = off % sc->chunk;
-  }
   if (sc->nr_shift >= 0) {
     *stripe = chunk_nr & (sc->nr - 1);
     *row = chunk_nr >> sc->nr_shift;
@@ -209,7 +215,6 @@ struct striped_cursor {
 };
 
 struct striped_merge {
-  struct target *ti;
   const struct striped *sc;
   struct striped_cursor *cur;
   unsigned window;              /* entries per cursor */
@@ -222,16 +227,8 @@ struct striped_merge {
 static inline uint64_t
 striped_target_off (const struct striped *sc, uint32_t j, uint64_t q)
 {
-  uint64_t row, in_chunk;
+  uint64_t in_chunk, row = striped_chunk_of (sc, q, &in_chunk);
 
-  if (sc->chunk_shift >= 0) {
-    row = q >> sc->chunk_shift;
-    in_chunk = q & (sc->chunk - 1);
-  }
-  else {
-    row = q / sc->chunk;
-    in_chunk = q % sc->chunk;
-  }
   return (row * sc->nr + j) * sc->chunk + in_chunk;
 }
 
@@ -372,7 +369,7 @@ striped_extents_merged (struct target *ti, struct extent_walk *w,
 {
   struct striped *sc = ti->private;
   struct striped_merge mg = {
-    .ti = ti, .sc = sc, .cur = cur, .window = window, .end = off + len,
+    .sc = sc, .cur = cur, .window = window, .end = off + len,
   };
   uint64_t pos = off, run_start = off;
   uint32_t run_type = 0;
@@ -426,9 +423,9 @@ striped_extents (struct target *ti, struct extent_walk *w, uint64_t off,
                  uint64_t len)
 {
   struct striped *sc = ti->private;
-  uint64_t in_chunk = sc->chunk_shift >= 0 ? off & (sc->chunk - 1)
-    : off % sc->chunk;
+  uint64_t in_chunk;
 
+  striped_chunk_of (sc, off, &in_chunk);
   if (len == 0)
     return 0;
   /* Inside one chunk: one backend, nothing to merge. */
