@@ -310,11 +310,10 @@ striped_cursor_at (struct striped_merge *mg, uint32_t j, uint64_t q)
       if (from < need)
         c->e[c->n++] = (struct striped_ext) { need, 0 };
     }
-    /* Whatever it said beyond our part is not asked for: clip. */
-    while (c->n > 1 && c->e[c->n - 2].end >= need)
-      c->n--;
-    if (c->e[c->n - 1].end > need)
-      c->e[c->n - 1].end = need;
+    /* What it said beyond our part needs no clipping: need maps to the
+     * request's end or beyond, and striped_run caps what it returns
+     * there.
+     */
   }
   return &c->e[c->i];
 }
