@@ -190,7 +190,7 @@ nbd_conn_drop (struct nbd_conn *conn, const char *why)
   const char *error = conn->h && nbd_conn_dead (conn) ? nbd_get_error ()
     : NULL;
 
-  LOG ("%s: connection %u %s -> down: %s%s%s", nb->uri, conn->index,
+  LOG ("%s: connection %u %s -> down: %s%s%s", nb->be.name, conn->index,
        conn_state_name[conn->state], why, error ? ": " : "",
        error ? error : "");
   ev_io_stop (l, &conn->io);
@@ -246,7 +246,7 @@ keep_only (struct nbd_conn *keep)
   struct nbd_backend *nb = keep->nb;
 
   LOG ("%s: the server no longer allows multi-conn: connection %u only "
-       "from now on", nb->uri, keep->index);
+       "from now on", nb->be.name, keep->index);
   nb->single = true;
   for (unsigned i = 0; i < nb->nr_conns; i++) {
     struct nbd_conn *conn = &nb->conns[i];
@@ -273,7 +273,7 @@ conn_up (struct nbd_conn *conn)
     now.extents = nb->ex.extents;       /* connection 0's to give */
   if ((why = export_changed (nb, &now)) != NULL) {
     LOG ("%s: connection %u: reconnected, but %s: not using it",
-         nb->uri, conn->index, why);
+         nb->be.name, conn->index, why);
     ev_io_stop (ioloop_ev (), &conn->io);
     nbd_close_handle (conn, true);
     nbd_conn_retry_later (conn);
@@ -285,7 +285,7 @@ conn_up (struct nbd_conn *conn)
   conn->state = CONN_UP;
   conn->backoff = BACKOFF_MIN;
   nb->down_since = 0;
-  LOG ("%s: connection %u -> up", nb->uri, conn->index);
+  LOG ("%s: connection %u -> up", nb->be.name, conn->index);
   nbd_conn_update_io (conn);
 }
 
@@ -330,15 +330,15 @@ conn_connect (struct nbd_conn *conn)
   }
   else {
     char why[256];
-    conn->h = nbd_connect_handle (nb->uri, conn->index, why, sizeof why);
+    conn->h = nbd_connect_handle (nb->be.name, conn->index, why, sizeof why);
     if (conn->h == NULL) {
-      LOG ("%s: connection %u: connect: %s", nb->uri, conn->index, why);
+      LOG ("%s: connection %u: connect: %s", nb->be.name, conn->index, why);
       nbd_conn_retry_later (conn);
       return;
     }
   }
   conn->state = CONN_CONNECTING;
-  LOG ("%s: connection %u -> connecting%s", nb->uri, conn->index,
+  LOG ("%s: connection %u -> connecting%s", nb->be.name, conn->index,
        conn->h ? "" : " (looking the host up)");
   /* The handshake (and the lookup) has the same deadline as a request. */
   ev_timer_stop (l, &conn->timer);

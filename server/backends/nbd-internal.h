@@ -91,8 +91,7 @@ struct nbd_export {
 struct nbd_backend {
   struct backend be;            /* first: the engine sees this */
 
-  /* Read-only after open. */
-  char *uri;                    /* normalised; also be.name and be.key */
+  /* Read-only after open.  The normalised URI is be.name (and be.key). */
   unsigned nr_conns;
   double timeout;               /* seconds */
   bool lookup;                  /* the URI's host is a name: nbd-resolve.c */

@@ -133,7 +133,7 @@ nbd_lookup_start (struct nbd_conn *conn)
   struct lookup *lk = calloc (1, sizeof *lk);
   int r = 0;
 
-  if (lk == NULL || (lk->uri = strdup (conn->nb->uri)) == NULL) {
+  if (lk == NULL || (lk->uri = strdup (conn->nb->be.name)) == NULL) {
     free (lk);
     return -1;
   }
@@ -156,7 +156,7 @@ nbd_lookup_start (struct nbd_conn *conn)
   }
   pthread_mutex_unlock (&resolver_lock);
   if (r != 0) {
-    LOG ("%s: resolver thread: %s", conn->nb->uri, mapper_strerror (r));
+    LOG ("%s: resolver thread: %s", conn->nb->be.name, mapper_strerror (r));
     lookup_free (lk);
     return -1;
   }

@@ -305,7 +305,7 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
     if (nbd_conn_dead (conn) || connection_error (e))
       cmd->lost = true;
     else if (cmd->error == 0) {
-      LOG ("%s: %s", cmd->nb->uri, nbd_get_error ());
+      LOG ("%s: %s", cmd->nb->be.name, nbd_get_error ());
       cmd->error = map_errno (e ? e : EIO);
     }
   }
@@ -402,7 +402,7 @@ on_tick (struct ev_loop *l, ev_timer *w, int revents)
     if (now >= cmd->deadline) {
       list_remove (&nb->waiting, cmd);
       nb->nr_timeouts++;
-      LOG ("%s: request timed out waiting for a connection", nb->uri);
+      LOG ("%s: request timed out waiting for a connection", nb->be.name);
       nbd_cmd_complete (cmd, -EIO);
     }
   }
@@ -651,10 +651,9 @@ nbd_close_op (struct backend *be)
     nb->free_cmds = cmd->next;
     free (cmd);
   }
-  LOG ("%s: closed", nb->uri);
+  LOG ("%s: closed", nb->be.name);
   free (nb->conns);
   free (nb->be.name);
-  free (nb->uri);
   free (nb);
 }
 
@@ -724,12 +723,8 @@ nbd_backend_open (const char *spec, const char *uri, struct backend **out,
   }
 
   nb = calloc (1, sizeof *nb);
-  if (nb == NULL || (nb->uri = strdup (uri)) == NULL ||
-      (nb->be.name = strdup (uri)) == NULL) {
-    if (nb) {
-      free (nb->uri);
-      free (nb);
-    }
+  if (nb == NULL || (nb->be.name = strdup (uri)) == NULL) {
+    free (nb);
     nbd_close (h);
     mapper_err_set (err, "%s: out of memory", uri);
     return -ENOMEM;
@@ -745,7 +740,6 @@ nbd_backend_open (const char *spec, const char *uri, struct backend **out,
   nb->conns = calloc (nb->nr_conns, sizeof *nb->conns);
   if (nb->conns == NULL) {
     free (nb->be.name);
-    free (nb->uri);
     free (nb);
     nbd_close (h);
     mapper_err_set (err, "%s: out of memory", uri);
