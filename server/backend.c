@@ -7,7 +7,6 @@
  */
 #include <config.h>
 
-#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -101,7 +100,6 @@ backend_get (const char *spec, struct backend **out, struct mapper_err *err)
     *out = be;
     return 0;
   }
-  assert (strcmp (be->ops->kind, kind->name) == 0);
   be->key = key;
   key = NULL;
   backend_flush_init (be);

@@ -186,7 +186,6 @@ bool ioloop_in_loop_thread (void);
  * one line in backends.def; nothing else in the engine names a kind.
  */
 struct backend_kind {
-  const char *name;             /* as its backends' ops->kind */
   /* Is spec (a table's <dev> word, not empty) this kind's?  Looks at
    * the text only.
    */

@@ -394,7 +394,6 @@ file_open (const char *path, const char *key, struct backend **out,
 }
 
 const struct backend_kind file_backend_kind = {
-  .name = "file",
   .claims = file_claims,
   .key = file_key,
   .open = file_open,

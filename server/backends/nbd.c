@@ -781,7 +781,6 @@ nbd_backend_open (const char *spec, const char *uri, struct backend **out,
 }
 
 const struct backend_kind nbd_backend_kind = {
-  .name = "nbd",
   .claims = nbd_backend_is_uri,
   .key = nbd_backend_normalize,
   .open = nbd_backend_open,

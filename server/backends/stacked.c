@@ -196,7 +196,6 @@ stacked_open (const char *spec, const char *key, struct backend **out,
 }
 
 const struct backend_kind stacked_backend_kind = {
-  .name = "device",
   .claims = stacked_claims,
   .key = stacked_key,
   .open = stacked_open,
