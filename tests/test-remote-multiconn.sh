@@ -50,13 +50,12 @@ wait_for sh -c "[ \$(grep -c 'connection [0-9]* -> up' '$log') -ge 4 ]" ||
 # A connection with a write acknowledged, not flushed, open across the
 # outage: its next flush must fail (one opened after it would not).
 ms -c '
-import os, time
-from nbdcheck import aio_wait, fails_eio
+import os
+from nbdcheck import aio_wait, fails_eio, until
 d = "'"$tmpdir"'"
 h.pwrite(b"B" * 4096, 65536)                    # acknowledged, not flushed
 open(d + "/written", "w").close()
-while not os.path.exists(d + "/go"):
-    time.sleep(0.05)
+until(lambda: os.path.exists(d + "/go"), "the backend did not come back")
 assert h.pread(4096, 65536) == b"B" * 4096     # retried on the one left
 assert fails_eio(h.flush), "flush after the lost connections succeeded"
 h.flush()                                       # once only
