@@ -40,8 +40,12 @@ echo "0 8192 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
 sock=$tmpdir/mapper.sock
 uri="nbd+unix:///?socket=$sock"
 log=$tmpdir/mapper.log
+# remote-timeout: the restarts below must be over (kill, start, the
+# mapper's reconnect backoff of up to 1 s) within it, or the retried read
+# fails as it should after a longer outage; 3 s was too short on a loaded
+# machine.  The refused reads wait it out.
 start_server --stderr "$log" mapper -v -D nbdkit.backend.datapath=0 mapper \
-    remote-timeout=3 "$tmpdir/d.table"
+    remote-timeout=10 "$tmpdir/d.table"
 ms () { timeout 120 nbdsh -u "$uri" "$@"; }
 
 ms -c 'h.pwrite(b"A" * 65536, 0)' -c 'h.flush()'
