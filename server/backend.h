@@ -48,7 +48,8 @@ struct clone {
   void *end_io_ctx;
   uint64_t end_io_arg;
   struct clone *retry_next;     /* core: io_req.retry list */
-  struct clone *qnext;          /* core: I/O loop's or local pool's queue */
+  struct clone *qnext;          /* core: io_req_run's local clones, then the
+                                 * I/O loop's or local pool's queue */
 };
 
 struct backend_ops {

@@ -289,7 +289,7 @@ device_check_holders (struct device *dev, const struct table *t,
 
 int
 device_check_new_live (struct device *dev, const struct table *t,
-                struct mapper_err *err)
+                       struct mapper_err *err)
 {
   int r = device_check_table (dev, t, err);
 

@@ -242,7 +242,7 @@ flush_decide (struct flush_slot *s, struct io_req *req)
       .req = req, .be = s->be, .op = IO_FLUSH, .seq = f->running_seq,
     };
     /* Its result comes through req; joining our own flush also gives
-     * this backend's own result (io_flush_backends_each).
+     * this backend's own result (io_flush_backends_seen's errs).
      */
     s->seq = f->running_seq;
     s->plan = PLAN_JOIN;
@@ -268,12 +268,6 @@ int
 io_flush_backends (struct backend *const *bes, size_t n)
 {
   return io_flush_backends_seen (bes, n, NULL, UINT64_MAX);
-}
-
-int
-io_flush_backends_each (struct backend *const *bes, size_t n, int *errs)
-{
-  return io_flush_backends_seen (bes, n, errs, UINT64_MAX);
 }
 
 int

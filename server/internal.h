@@ -123,11 +123,10 @@ void errseq_seen (_Atomic uint64_t *seen, uint64_t sample);
  * for a clean backend.  0 or the first -errno.
  */
 int io_flush_backends (struct backend *const *bes, size_t n);
-/* The same, with each backend's own result in errs[0..n) (0 or -errno). */
-int io_flush_backends_each (struct backend *const *bes, size_t n, int *errs);
-/* The same for an observer that last sampled the error clock at seen
- * (flush.c): also -EIO for a backend with a later error stamp.  errs may
- * be NULL; seen UINT64_MAX is io_flush_backends_each.
+/* The same, with each backend's own result in errs[0..n) (0 or -errno;
+ * errs may be NULL), for an observer that last sampled the error clock
+ * at seen (flush.c): also -EIO for a backend with a later error stamp.
+ * seen UINT64_MAX: no observer, the flushes' own results only.
  */
 int io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
                             uint64_t seen);

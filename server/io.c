@@ -168,6 +168,7 @@ clone_blocks (const struct clone *c)
 int
 io_req_run (struct io_req *req)
 {
+  struct clone *local = NULL, **tail = &local;
   size_t nr_blocking = 0;
   int v;
 
@@ -179,14 +180,23 @@ io_req_run (struct io_req *req)
 
   /* Remote clones first: plugged, the I/O loop takes them as one batch
    * with one wake-up (plug.c), and they are under way while the local
-   * ones complete inline.
+   * ones complete inline.  The local ones are chained (by qnext, unused
+   * until the local pool queues them) as they are passed: once a remote
+   * clone is submitted it is no longer ours to look at, as its end_io
+   * may already have pointed it at a local backend for a retry, which
+   * the retry list below submits.
    */
   io_plug_start ();
   for (size_t i = 0; i < req->nr; i++) {
     struct clone *c = &req->clones[i];
     if (c->be->ops->start)
       c->be->ops->submit (c->be, c);
+    else {
+      *tail = c;
+      tail = &c->qnext;
+    }
   }
+  *tail = NULL;
   io_plug_finish ();
   /* Local clones that wait for a device (flush, FUA write): when there
    * are several, all but the last go to the local pool so that they wait
@@ -195,12 +205,10 @@ io_req_run (struct io_req *req)
    * flags).
    */
   if (req->op == IO_FLUSH || (req->flags & MAPPER_FUA))
-    for (size_t i = 0; i < req->nr; i++)
-      nr_blocking += clone_blocks (&req->clones[i]);
-  for (size_t i = 0; i < req->nr; i++) {
-    struct clone *c = &req->clones[i];
-    if (c->be->ops->start)
-      continue;
+    for (struct clone *c = local; c; c = c->qnext)
+      nr_blocking += clone_blocks (c);
+  for (struct clone *c = local, *next; c; c = next) {
+    next = c->qnext;            /* the pool's queue reuses it */
     if (nr_blocking > 1 && clone_blocks (c)) {
       nr_blocking--;
       if (localpool_submit (c))

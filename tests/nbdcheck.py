@@ -28,6 +28,15 @@ def fails_eio(f, *args):
     return False
 
 
+def until(cond, what, seconds=60):
+    """Wait until cond() is true (polled every 50 ms); fails the test,
+    saying WHAT, after SECONDS."""
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 def aio_wait(h, cookie, seconds=60, what="an aio command did not complete"):
     """Wait for the aio command COOKIE on H: 0 if it worked, else its
     errno; fails the test after SECONDS."""
@@ -88,10 +97,7 @@ def kill_server(d, name, sig=signal.SIGKILL):
     of a backend, on purpose."""
     pid = int(open("%s/%s.pid" % (d, name)).read())
     os.kill(pid, sig)
-    deadline = time.monotonic() + 30
-    while not _gone(pid):
-        assert time.monotonic() < deadline, "pid %d: still there" % pid
-        time.sleep(0.05)
+    until(lambda: _gone(pid), "pid %d: still there" % pid, 30)
 
 
 def start_server(d, name, args, wrap=()):
@@ -110,10 +116,8 @@ def start_server(d, name, args, wrap=()):
     if os.path.exists(pidfile):
         os.unlink(pidfile)
     subprocess.check_call(list(wrap) + ["nbdkit"] + opts + list(args))
-    deadline = time.monotonic() + 30
-    while not (os.path.exists(pidfile) and os.path.getsize(pidfile) > 0):
-        assert time.monotonic() < deadline, "%s: no pid file" % name
-        time.sleep(0.05)
+    until(lambda: os.path.exists(pidfile) and os.path.getsize(pidfile) > 0,
+          "%s: no pid file" % name, 30)
 
 
 def restart_server(d, name, args, wrap=()):

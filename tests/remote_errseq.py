@@ -5,15 +5,12 @@ open when they were lost, once each (tests/test-remote-errseq.sh).
   python3 remote_errseq.py UNIXSOCKET DIR FILE   (DIR/r: the backend, on FILE)
 """
 import sys
-import nbd
-from nbdcheck import fails_eio, restart_server
+from nbdcheck import connect, fails_eio, restart_server
 
 sock, d, f = sys.argv[1:4]
 
 def conn(name):
-    h = nbd.NBD()
-    h.connect_uri("nbd+unix:///%s?socket=%s" % (name, sock))
-    return h
+    return connect(sock, name)
 
 def restart_backend():
     """kill -9 the backend, start a new one on the same socket."""

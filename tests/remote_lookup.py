@@ -6,9 +6,10 @@ device still serves and a read on the one being looked up waits.
   python3 remote_lookup.py DIR NS   (DIR/m.sock the mapper, DIR/slow the
                                      backend in network namespace NS)
 """
-import os, sys, time
+import os, sys
 import nbd
-from nbdcheck import aio_wait, connect, kill_server, start_server, when_back
+from nbdcheck import (aio_wait, connect, kill_server, start_server, until,
+                      when_back)
 d, ns = sys.argv[1], sys.argv[2]
 sock = d + "/m.sock"
 fast, slow = connect(sock, "fast"), connect(sock, "slow")
@@ -23,12 +24,8 @@ print("1: both devices work")
 # 2. The DNS server holds queries; slow's server goes away.
 open(d + "/hold", "w").close()
 kill_server(d, "slow")
-for _ in range(300):
-    if os.path.exists(d + "/held"):
-        break
-    time.sleep(0.1)
-else:
-    raise AssertionError("the mapper never looked backend.test up again")
+until(lambda: os.path.exists(d + "/held"),
+      "the mapper never looked backend.test up again", 30)
 print("2: the reconnect's lookup of backend.test is held")
 
 # 3. fast still serves while the lookup is held; a read on slow waits

@@ -6,9 +6,9 @@ the next flush fails with EIO.
 
   python3 remote_loss_elsewhere.py UNIXSOCKET DIR   (DIR/ctl: the proxy's)
 """
-import os, sys, time
+import os, sys
 import nbd
-from nbdcheck import aio_wait, connect, fails_eio, restart_server
+from nbdcheck import aio_wait, connect, fails_eio, restart_server, until
 
 sock, d = sys.argv[1:3]
 ctl = d + "/ctl"
@@ -21,12 +21,6 @@ def value(name):
 
 def ups(i):
     return open(d + "/mapper.log").read().count("connection %d -> up" % i)
-
-def until(cond, what):
-    deadline = time.monotonic() + 60
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 h = connect(sock)
 h.pwrite(b"A" * 4096, 0)

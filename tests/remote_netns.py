@@ -10,7 +10,7 @@ the first flush after the loss of an unflushed write fails, once.
 """
 import errno, os, re, subprocess, sys, time
 import nbd
-from nbdcheck import aio_wait, connect, fails_eio as eio, when_back
+from nbdcheck import aio_wait, connect, fails_eio as eio, until, when_back
 sock, nsa, img, pidfile, log = sys.argv[1:6]
 timeout = int(sys.argv[6])
 nbdmsetup = sys.argv[7]
@@ -43,12 +43,8 @@ nconns = int(re.search(r"(\d+) connections?;", log_text()).group(1))
 r, loc = conn("remote"), conn("local")
 r.pwrite(b"F" * 65536, 0)
 r.flush()
-for i in range(600):            # every connection up before the cut
-    if len(re.findall(r"connection \d+ -> up", log_text())) >= nconns:
-        break
-    time.sleep(0.1)
-else:
-    raise AssertionError("not all %d connections came up" % nconns)
+until(lambda: len(re.findall(r"connection \d+ -> up", log_text())) >= nconns,
+      "not all %d connections came up" % nconns)   # before the cut
 r.pwrite(b"U" * 4096, 65536)    # acknowledged, never flushed (case 3)
 
 link("down")

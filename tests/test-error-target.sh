@@ -59,20 +59,28 @@ EOF
 requires nbdinfo --version
 requires qemu-img --version
 
-# err.table: the random-filled file is data, error is data, zero a hole.
-S=512
-want=$(printf '%s\n' \
-    "0 $((110 * S)) 0 data" \
-    "$((110 * S)) $((40 * S)) 3 hole,zero" \
-    "$((150 * S)) $((61 * S)) 0 data")
-got=$(mapper -U - "$tmpdir/err.table" --run 'nbdinfo --map "$uri"' |
-          awk '{ print $1, $2, $3, $4 }') ||
-    die "nbdinfo --map over err.table failed"
-[ "$got" = "$want" ] ||
-    die "nbdinfo --map over err.table: got
+# check_map TABLE LINE...: nbdinfo --map of TABLE's device is LINEs,
+# "offset length type description".
+check_map ()
+{
+    local table=$1 want got
+    shift
+    want=$(printf '%s\n' "$@")
+    got=$(mapper -U - "$table" --run 'nbdinfo --map "$uri"' |
+              awk '{ print $1, $2, $3, $4 }')
+    [ "$got" = "$want" ] ||
+        die "nbdinfo --map over ${table##*/}: got
 $got
 want
 $want"
+}
+
+# err.table: the random-filled file is data, error is data, zero a hole.
+S=512
+check_map "$tmpdir/err.table" \
+    "0 $((110 * S)) 0 data" \
+    "$((110 * S)) $((40 * S)) 3 hole,zero" \
+    "$((150 * S)) $((61 * S)) 0 data"
 
 # The README's holes example: a 4 GiB device whose first GiB is a file
 # (sparse, with 64 KiB written at 1 MiB), then zero, one MiB of error,
@@ -87,20 +95,12 @@ cat > "$tmpdir/holes.table" <<EOF
 4196352  4192256  zero
 EOF
 G=$((1 << 30)) M=$((1 << 20))
-want=$(printf '%s\n' \
+check_map "$tmpdir/holes.table" \
     "0 $M 3 hole,zero" \
     "$M 65536 0 data" \
     "$((M + 65536)) $((2 * G - M - 65536)) 3 hole,zero" \
     "$((2 * G)) $M 0 data" \
-    "$((2 * G + M)) $((2 * G - M)) 3 hole,zero")
-got=$(mapper -U - "$tmpdir/holes.table" --run 'nbdinfo --map "$uri"' |
-          awk '{ print $1, $2, $3, $4 }') ||
-    die "nbdinfo --map over holes.table failed"
-[ "$got" = "$want" ] ||
-    die "nbdinfo --map over holes.table: got
-$got
-want
-$want"
+    "$((2 * G + M)) $((2 * G - M)) 3 hole,zero"
 
 # qemu-img map: the same ranges, as JSON (data, zero).
 want=$(printf '%s\n' \

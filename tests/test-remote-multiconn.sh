@@ -40,8 +40,12 @@ echo "0 8192 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
 sock=$tmpdir/mapper.sock
 uri="nbd+unix:///?socket=$sock"
 log=$tmpdir/mapper.log
+# remote-timeout: the restarts below must be over (kill, start, the
+# mapper's reconnect backoff of up to 1 s) within it, or the retried read
+# fails as it should after a longer outage; 3 s was too short on a loaded
+# machine.  The refused reads wait it out.
 start_server --stderr "$log" mapper -v -D nbdkit.backend.datapath=0 mapper \
-    remote-timeout=3 "$tmpdir/d.table"
+    remote-timeout=10 "$tmpdir/d.table"
 ms () { timeout 120 nbdsh -u "$uri" "$@"; }
 
 ms -c 'h.pwrite(b"A" * 65536, 0)' -c 'h.flush()'
@@ -50,13 +54,12 @@ wait_for sh -c "[ \$(grep -c 'connection [0-9]* -> up' '$log') -ge 4 ]" ||
 # A connection with a write acknowledged, not flushed, open across the
 # outage: its next flush must fail (one opened after it would not).
 ms -c '
-import os, time
-from nbdcheck import aio_wait, fails_eio
+import os
+from nbdcheck import aio_wait, fails_eio, until
 d = "'"$tmpdir"'"
 h.pwrite(b"B" * 4096, 65536)                    # acknowledged, not flushed
 open(d + "/written", "w").close()
-while not os.path.exists(d + "/go"):
-    time.sleep(0.05)
+until(lambda: os.path.exists(d + "/go"), "the backend did not come back")
 assert h.pread(4096, 65536) == b"B" * 4096     # retried on the one left
 assert fails_eio(h.flush), "flush after the lost connections succeeded"
 h.flush()                                       # once only

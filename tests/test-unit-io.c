@@ -1185,6 +1185,78 @@ test_no_backends (void)
   device_destroy (dev);
 }
 
+/* --- a retry that moves a remote clone to a local backend ----------------- */
+
+/* A remote backend (it has start) that fails every read in submit: the
+ * worst timing of an I/O loop that fails a clone before the worker has
+ * gone on to its local clones.  A mirror's end_io then points the clone
+ * at a local leg (CLONE_RETRY): io_req_run must submit it there once,
+ * from the retry list, and not a second time as if it had been local all
+ * along.
+ */
+static int nr_local_submits;
+
+static void
+failing_remote_submit (struct backend *be, struct clone *c)
+{
+  clone_done (c, -EIO);
+}
+
+static void
+failing_remote_start (struct backend *be, struct clone *c)
+{
+  abort ();                     /* never queued to the loop */
+}
+
+static void
+counting_local_submit (struct backend *be, struct clone *c)
+{
+  /* A second submit is the bug: count it, but complete the clone only
+   * once, so that the request still ends and the check below reports.
+   */
+  if (++nr_local_submits == 1)
+    clone_done (c, 0);
+}
+
+static const struct backend_ops failing_remote_ops = {
+  .kind = "test-remote", .submit = failing_remote_submit,
+  .start = failing_remote_start,
+};
+static const struct backend_ops counting_local_ops = {
+  .kind = "test-local", .submit = counting_local_submit,
+};
+
+static int
+retry_on_local (struct clone *c, void *ctx, uint64_t arg, int error)
+{
+  if (error == 0 || arg)        /* arg: already retried */
+    return error;
+  clone_retry (c, ctx, c->offset, 1);
+  return CLONE_RETRY;
+}
+
+static void
+test_retry_remote_to_local (void)
+{
+  struct backend remote = { .ops = &failing_remote_ops, .name = "remote" };
+  struct backend local = { .ops = &counting_local_ops, .name = "local" };
+  static char buf[512];
+  struct io_req req;
+
+  backend_flush_init (&remote);
+  backend_flush_init (&local);
+  io_req_init (&req, IO_READ, 0);
+  CHECK_EQ (io_emit_end_io (&req, &remote, 0, sizeof buf, buf,
+                            retry_on_local, &local, 0), 0);
+  CHECK_EQ (io_req_run (&req), 0);
+  CHECKF (nr_local_submits == 1,
+          "the retried clone was submitted %d times to the local backend",
+          nr_local_submits);
+  io_req_release (&req);
+  backend_flush_destroy (&remote);
+  backend_flush_destroy (&local);
+}
+
 int
 main (void)
 {
@@ -1210,6 +1282,7 @@ main (void)
   test_read_only ();
   test_many_extents ();
   test_no_backends ();
+  test_retry_remote_to_local ();
   CHECK (device_count () == 0);
   UNIT_EXIT ();
 }

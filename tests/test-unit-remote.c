@@ -58,9 +58,11 @@ start_server (const char *pidf, const char *args)
   return pid;
 }
 
-/* A TCP port on 127.0.0.1 that nothing listens on right now. */
+/* A TCP socket bound to a free port on 127.0.0.1 (in *port), listening
+ * if BACKLOG > 0.
+ */
 static int
-free_port (void)
+loopback_socket (int backlog, int *port)
 {
   struct sockaddr_in a = {
     .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK),
@@ -69,10 +71,21 @@ free_port (void)
   int s = socket (AF_INET, SOCK_STREAM, 0);
 
   if (s == -1 || bind (s, (struct sockaddr *) &a, sizeof a) == -1 ||
+      (backlog > 0 && listen (s, backlog) == -1) ||
       getsockname (s, (struct sockaddr *) &a, &len) == -1)
-    UNIT_FATAL ("free_port: %m");
-  close (s);
-  return ntohs (a.sin_port);
+    UNIT_FATAL ("loopback socket: %m");
+  *port = ntohs (a.sin_port);
+  return s;
+}
+
+/* A TCP port on 127.0.0.1 that nothing listens on right now. */
+static int
+free_port (void)
+{
+  int port;
+
+  close (loopback_socket (0, &port));
+  return port;
 }
 
 static void
@@ -167,29 +180,20 @@ slow_parse_thread (void *arg)
 static void
 test_connect_does_not_block_registry (void)
 {
-  struct sockaddr_in a = {
-    .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK),
-  };
-  socklen_t len = sizeof a;
   struct slow_parse sp = { .r = 0 };
   struct mapper_err err = { "" };
   struct table *t;
   pthread_t th;
   const char *file = unit_path ("local.img");
   char *text;
-  int s, r;
+  int s, r, port;
 
   /* Listens (the kernel completes TCP connects) but never accepts or
    * answers: the handshake waits for remote-timeout.
    */
-  s = socket (AF_INET, SOCK_STREAM, 0);
-  if (s == -1 || bind (s, (struct sockaddr *) &a, sizeof a) == -1 ||
-      listen (s, 16) == -1 ||
-      getsockname (s, (struct sockaddr *) &a, &len) == -1)
-    UNIT_FATAL ("silent listener: %m");
+  s = loopback_socket (16, &port);
   engine_set_remote (0, 3);
-  sp.text = unit_sprintf ("0 2048 linear nbd://127.0.0.1:%d/ 0\n",
-                          ntohs (a.sin_port));
+  sp.text = unit_sprintf ("0 2048 linear nbd://127.0.0.1:%d/ 0\n", port);
   atomic_init (&sp.done, false);
   if (pthread_create (&th, NULL, slow_parse_thread, &sp) != 0)
     UNIT_FATAL ("pthread_create");

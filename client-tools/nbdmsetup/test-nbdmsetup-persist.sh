@@ -44,6 +44,39 @@ head -1 "$dir/empty1.table" | grep -qx '# nbdmapper-no-table' || die "empty1 fil
 [ "$(ms table c1)" = "0 100 linear $a 0" ] || die "inactive table was saved"
 stop_server ctl
 
+# A device loaded from elsewhere (table=FILE, an earlier tables=DIR)
+# is loaded from there again at a restart: a change saved in DIR would
+# stand beside it ("already exists") and the server would not start.
+# Such changes are refused and change nothing; the devices DIR holds
+# change as before, and the server restarts on the same parameters.
+mkdir "$tmpdir/other" "$tmpdir/saved"
+echo "0 8 zero" > "$tmpdir/outside.table"
+echo "0 16 zero" > "$tmpdir/other/early.table"
+echo "0 24 zero" > "$tmpdir/saved/inside.table"
+set -- "$tmpdir/outside.table" tables="$tmpdir/other" tables="$tmpdir/saved"
+start_server ctl mapper "$@"
+for d in outside early; do
+    fails "tables=$tmpdir/saved holds no $d.table: the device came from table=FILE" \
+        ms replace $d --table "0 32 zero"
+    ms load $d --table "0 40 zero"           # inactive only: not saved
+    fails "holds no $d.table" ms resume $d
+    ms clear $d
+    fails "holds no $d.table" ms rename $d moved
+    fails "holds no $d.table" ms remove $d
+done
+ms replace inside --table "0 48 zero"
+ms create new --table "0 56 zero"
+[ "$(ls -A "$tmpdir/saved" | sort | tr '\n' ' ')" = "inside.table new.table " ] ||
+    die "tables=DIR holds $(ls -A "$tmpdir/saved")"
+ms table | sort > "$tmpdir/before"
+stop_server ctl
+start_server ctl mapper "$@"
+ms table | sort > "$tmpdir/after"
+diff -u "$tmpdir/before" "$tmpdir/after" || die "tables differ after restart"
+grep -qx 'outside: 0 8 zero' "$tmpdir/after" || die "outside changed"
+grep -qx 'early: 0 16 zero' "$tmpdir/after" || die "early changed"
+stop_server ctl
+
 # A read-only DIR is refused at start (not at the first change).  Root
 # can write anywhere, so the server runs as nobody for this check.
 if setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then

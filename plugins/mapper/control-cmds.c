@@ -241,6 +241,15 @@ cmd_targets (struct reply *rp, struct proto_request *req)
   return 0;
 }
 
+/* A persist_* function failed (-err): the reply says why (msg, taken). */
+static int
+persist_reply (struct reply *rp, int err, char *msg)
+{
+  reply_fail (rp, err, "%s", msg ? msg : "out of memory");
+  free (msg);
+  return -1;
+}
+
 /* Persist what dev's live table will be (text) under name; on failure
  * the reply says why.
  */
@@ -251,12 +260,19 @@ save (struct reply *rp, const char *name, const char *uuid,
   char *msg = NULL;
   int r = persist_write (name, uuid, text, &msg);
 
-  if (r < 0) {
-    reply_fail (rp, -r, "%s", msg ? msg : "out of memory");
-    free (msg);
-    return -1;
-  }
-  return 0;
+  return r < 0 ? persist_reply (rp, -r, msg) : 0;
+}
+
+/* Before a change to an existing device: tables=DIR holds its file, so
+ * that the change saved there is the one a restart loads.
+ */
+static int
+check_saved (struct reply *rp, const char *name)
+{
+  char *msg = NULL;
+  int r = persist_check_saved (name, &msg);
+
+  return r < 0 ? persist_reply (rp, -r, msg) : 0;
 }
 
 static char *
@@ -415,6 +431,8 @@ save_live (struct reply *rp, struct device *dev, const char *name,
   int r = 0;
 
   ls->name = name;
+  if (check_saved (rp, name) == -1)
+    return -1;
   ls->uuid = device_uuid (dev);
   if ((ls->old_text = device_table_text (dev, false, &r)) == NULL)
     return reply_fail (rp, -r, "out of memory");
@@ -528,16 +546,17 @@ cmd_remove (struct reply *rp, struct proto_request *req)
     return -1;
   if ((dev = get_device (rp, "remove", req->args[0])) == NULL)
     return -1;
+  if (check_saved (rp, req->args[0]) == -1) {
+    device_put (dev);
+    return -1;
+  }
   r = device_remove (dev, req->flags & PROTO_F_FORCE, &err);
   device_put (dev);
   if (r < 0)
     return reply_fail (rp, -r, "remove: %s", err.msg);
-  if (persist_remove (req->args[0], &msg) < 0) {
-    /* The device is gone; say the file could not follow. */
-    reply_fail (rp, EIO, "%s", msg ? msg : "out of memory");
-    free (msg);
-    return -1;
-  }
+  /* The device is gone; say the file could not follow. */
+  if (persist_remove (req->args[0], &msg) < 0)
+    return persist_reply (rp, EIO, msg);
   return 0;
 }
 
@@ -569,11 +588,13 @@ cmd_rename (struct reply *rp, struct proto_request *req)
     device_put (dev);
     return reply_fail (rp, -r, "rename: %s", err.msg);
   }
+  if (check_saved (rp, req->args[0]) == -1) {
+    device_put (dev);
+    return -1;
+  }
   if (persist_rename (req->args[0], req->args[1], &msg) < 0) {
     device_put (dev);
-    reply_fail (rp, EIO, "%s", msg ? msg : "out of memory");
-    free (msg);
-    return -1;
+    return persist_reply (rp, EIO, msg);
   }
   r = device_rename (dev, req->args[1], &err);
   device_put (dev);

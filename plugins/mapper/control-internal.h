@@ -52,6 +52,10 @@ void persist_unload (void);
 /* DIR/NAME.table := the uuid and no-table header + text, atomically. */
 int persist_write (const char *name, const char *uuid, const char *text,
                    char **msg);
+/* Is the device NAME saved in DIR, where its changes are saved?  One
+ * loaded from elsewhere is not: -EPERM.
+ */
+int persist_check_saved (const char *name, char **msg);
 int persist_remove (const char *name, char **msg);
 int persist_rename (const char *old, const char *new, char **msg);
 

@@ -244,6 +244,30 @@ persist_write (const char *name, const char *uuid, const char *text,
 }
 
 int
+persist_check_saved (const char *name, char **msg)
+{
+  char *path;
+  int r = 0;
+
+  if (tables_dir == NULL)
+    return 0;
+  if ((path = table_path (name)) == NULL)
+    r = -ENOMEM;
+  else if (access (path, F_OK) == -1)
+    r = -errno;
+  free (path);
+  if (r == -ENOENT) {
+    if (asprintf (msg, "tables=%s holds no %s.table: the device came from "
+                  "table=FILE or another tables=DIR, which a restart loads "
+                  "again beside a change saved here: change that file "
+                  "instead", tables_dir, name) == -1)
+      *msg = NULL;
+    return -EPERM;
+  }
+  return r < 0 ? persist_failed (r, "looking for", name, msg) : 0;
+}
+
+int
 persist_remove (const char *name, char **msg)
 {
   char *path;
