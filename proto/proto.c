@@ -33,7 +33,8 @@ static const char *const cmd_names[] = {
   [PROTO_CMD_RENAME] = "rename", [PROTO_CMD_INFO] = "info",
   [PROTO_CMD_TABLE] = "table", [PROTO_CMD_STATUS] = "status",
   [PROTO_CMD_MESSAGE] = "message", [PROTO_CMD_TARGETS] = "targets",
-  [PROTO_CMD_WAIT] = "wait",
+  [PROTO_CMD_WAIT] = "wait", [PROTO_CMD_STATS] = "stats",
+  [PROTO_CMD_CLIENTS] = "clients",
 };
 
 static const char *const status_names[] = {

@@ -39,7 +39,9 @@ enum proto_cmd {
   PROTO_CMD_MESSAGE = 14,
   PROTO_CMD_TARGETS = 15,
   PROTO_CMD_WAIT = 16,
-  PROTO_CMD_MAX = 16,
+  PROTO_CMD_STATS = 17,
+  PROTO_CMD_CLIENTS = 18,
+  PROTO_CMD_MAX = 18,
 };
 
 /* Request flags. */
@@ -48,7 +50,8 @@ enum proto_cmd {
 #define PROTO_F_INACTIVE  0x4
 #define PROTO_F_SHOWKEYS  0x8
 #define PROTO_F_BACKENDS  0x10
-#define PROTO_F_ALL       0x1f
+#define PROTO_F_CLEAR     0x20
+#define PROTO_F_ALL       0x3f
 
 /* HELLO payload flags. */
 #define PROTO_HELLO_KEY_REQUIRED 0x1

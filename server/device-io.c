@@ -102,9 +102,10 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
            uint64_t offset, uint32_t flags)
 {
   struct table *t = device_enter (dev);
+  struct stats_io sio;
   struct io_req req;
   uint64_t pos, left;
-  size_t i;
+  size_t i, first, end;
   int r;
 
   if (t == NULL)
@@ -121,8 +122,9 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
     return -EPERM;
   }
 
+  stats_io_start (&sio, dev);
   io_req_init (&req, op, flags);
-  i = count ? table_find_target (t, offset) : 0;
+  first = end = i = count ? table_find_target (t, offset) : 0;
   for (pos = offset, left = count; left > 0; i++) {
     struct target *ti = &t->targets[i];
     uint64_t toff = pos - ti->begin;
@@ -139,10 +141,12 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
   if (mapper_trace_io && mapper_debug)
     mapper_log_io_req (dev->name, &req, offset, count);
 
+  stats_io_targets (&sio, first, end = i);
   r = io_req_run (&req);
   if (r == 0 && (flags & MAPPER_FUA))
     r = emulate_fua (t, &req);
  out:
+  stats_io_end (&sio, op, offset, count, t, first, end);
   io_req_release (&req);
   device_exit (dev);
   return r;
@@ -217,8 +221,11 @@ device_flush_errseq (struct device *dev, uint32_t flags,
   uint64_t since = seen ? atomic_load (seen) : UINT64_MAX;
   int r = 0;
 
+  struct stats_io sio;
+
   if (t == NULL)
     return -ESHUTDOWN;
+  stats_io_start (&sio, dev);
   /* Targets that delay or fail flushes (delay, flakey) first. */
   if (t->nr_flush_hooks)
     r = table_flush_hooks (t, flags);
@@ -234,6 +241,7 @@ device_flush_errseq (struct device *dev, uint32_t flags,
   if (mapper_trace_io && mapper_debug)
     mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->backends.len,
                   t->backends.len == 1 ? "" : "s");
+  stats_io_end (&sio, IO_FLUSH, 0, 0, t, 0, 0);
   device_exit (dev);
   return r;
 }

@@ -150,6 +150,7 @@ live_swapped (struct device *dev, struct table *old)
 {
   table_bind (old, NULL);
   table_bind (dev->live, dev);
+  stats_swap (dev, dev->live);
   device_event (dev);
 }
 

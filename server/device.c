@@ -347,6 +347,7 @@ device_free (struct device *dev)
   table_bind (dev->live, NULL);
   table_free (dev->live);
   table_free (dev->inactive);
+  stats_free (dev);
   pthread_cond_destroy (&dev->event_cond);
   pthread_mutex_destroy (&dev->event_lock);
   pthread_cond_destroy (&dev->drain_cond);

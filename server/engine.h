@@ -243,6 +243,51 @@ int device_wait_event (struct device *dev, uint64_t event_nr,
                        int64_t timeout_ms, uint64_t *now,
                        struct mapper_err *err);
 
+/* stats.c: I/O statistics, as dm-stats keeps them: per device (region
+ * 0) and per target of the live table (regions 1..N, tables of at most
+ * MAPPER_STATS_MAX_TARGET_REGIONS targets), counted per thread on the
+ * request path without a lock.  A region whose start and length a
+ * reload keeps keeps its counts.
+ */
+enum mapper_stats_op {
+  MAPPER_STATS_READ, MAPPER_STATS_WRITE, MAPPER_STATS_DISCARD,
+  MAPPER_STATS_FLUSH, MAPPER_STATS_OPS
+};
+#define MAPPER_STATS_NR_BOUNDS 12
+#define MAPPER_STATS_BUCKETS (MAPPER_STATS_NR_BOUNDS + 1)
+#define MAPPER_STATS_MAX_TARGET_REGIONS 256
+/* The histograms' upper bounds (a request of exactly a bound's time
+ * falls in its bucket); the last bucket is everything slower.
+ */
+extern const uint64_t mapper_stats_bounds_ns[MAPPER_STATS_NR_BOUNDS];
+/* Benchmarks only: devices swapping a table from now on keep none. */
+extern bool mapper_stats_disabled;
+struct mapper_stats_region {
+  unsigned id;                  /* 0: the device, i: target i - 1 */
+  uint64_t start, len;          /* bytes */
+  const char *type;             /* "device" or the target's type */
+  uint64_t interval_ns;         /* since created, reloaded or cleared */
+  /* Per op (write zeroes counts as a write, trim as a discard; flushes
+   * only in the device region and without bytes).
+   */
+  uint64_t ios[MAPPER_STATS_OPS], bytes[MAPPER_STATS_OPS];
+  uint64_t ns[MAPPER_STATS_OPS];  /* the requests' times, summed */
+  uint64_t in_progress;
+  uint64_t io_ns, queue_ns;     /* /proc/diskstats' io_ticks, time_in_queue */
+  bool has_histograms;          /* the device region */
+  uint64_t hist[MAPPER_STATS_OPS][MAPPER_STATS_BUCKETS];
+};
+/* Call fn on region (-1: each region of dev, in order) with the
+ * counters since the last clear; with clear, each counter then starts
+ * again from the value reported.  0, fn's nonzero (which stops it), or
+ * -errno with err filled: -ENXIO without a live table, -EINVAL for a
+ * region dev does not have.  fn NULL: only check region.
+ */
+int device_stats (struct device *dev, long region, bool clear,
+                  int (*fn) (const struct mapper_stats_region *r,
+                             void *opaque),
+                  void *opaque, struct mapper_err *err);
+
 /* table.c: the target types built in. */
 size_t target_type_count (void);
 const char *target_type_info (size_t i, unsigned version[3]);

@@ -229,6 +229,10 @@ struct device {
   _Atomic unsigned inflight;
   _Atomic bool suspended;
   struct table *live;
+  /* The live table's statistics (stats.c), changed with live; NULL when
+   * none are kept.
+   */
+  struct stats_set *stats;
 
   /* Protected by lock: the inactive slot, and the two waits of the slots
    * (device-slots.c), each on a condition of its own so that neither
@@ -318,6 +322,24 @@ int device_flush_backends (struct table *t, uint64_t seen);
  * flushed each device once.  Benchmarks only (bench/bench-flush).
  */
 int device_flush_per_target (struct table *t, uint64_t seen);
+
+/* stats.c: a request's accounting, between its device_enter and
+ * device_exit (a swap, which replaces the set, waits for both).
+ */
+struct stats_io {
+  struct stats_set *set;
+  struct stats_block *blk;      /* NULL: not counted */
+  uint64_t t0;
+};
+void stats_io_start (struct stats_io *sio, struct device *dev);
+/* It touches targets [first, end) of the live table. */
+void stats_io_targets (struct stats_io *sio, size_t first, size_t end);
+void stats_io_end (struct stats_io *sio, enum io_op op, uint64_t offset,
+                   uint64_t count, const struct table *t, size_t first,
+                   size_t end);
+/* The swap to t (NULL: none), under dev->lock with nothing in flight. */
+void stats_swap (struct device *dev, const struct table *t);
+void stats_free (struct device *dev);
 
 /* extents.c: the walk's state (device_extents starts it). */
 struct extent_walk {

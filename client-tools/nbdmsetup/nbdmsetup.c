@@ -33,6 +33,8 @@ static struct options {
   const char *uuid;
   const char *table_text;       /* --table TEXT */
   double timeout;               /* --timeout, or -1 */
+  bool prometheus;              /* stats --prometheus */
+  const char *region;           /* stats --region ID */
 } opts = { .timeout = -1 };
 /* Seconds to wait for the server to connect and for each reply, when
  * --timeout does not say (it does not for wait, where it is the event's
@@ -85,6 +87,9 @@ usage (FILE *fp, int status)
 "                                   backend's state (NBD connections)\n"
 "  message NAME SECTOR WORDS...     send a message to a target\n"
 "  targets                          target types and versions\n"
+"  stats [--clear] [--region ID] [--json|--prometheus] [NAME]\n"
+"                                   I/O statistics (dmstats report)\n"
+"  clients [NAME]                   client connections (of NAME)\n"
 "  wait NAME [EVENT_NR] [--timeout S]  (S: how long to wait for the event)\n"
 "  batch [FILE]                     commands from FILE (default standard\n"
 "                                   input), one per line, one connection\n"
@@ -254,8 +259,10 @@ changes_state (unsigned cmd)
   switch (cmd) {
   case PROTO_CMD_VERSION: case PROTO_CMD_LIST: case PROTO_CMD_INFO:
   case PROTO_CMD_TABLE: case PROTO_CMD_STATUS: case PROTO_CMD_TARGETS:
-  case PROTO_CMD_WAIT:
+  case PROTO_CMD_WAIT: case PROTO_CMD_CLIENTS:
     return false;
+  case PROTO_CMD_STATS:
+    return opts.flags & PROTO_F_CLEAR;
   default:
     return true;
   }
@@ -460,7 +467,7 @@ json_string (const char *s)
 }
 
 /* Split payload into lines of tab-separated fields (in place). */
-#define MAX_FIELDS 16
+#define MAX_FIELDS 24
 struct row {
   char *f[MAX_FIELDS];
   int n;
@@ -786,6 +793,387 @@ print_targets (char *p)
   free (rows);
 }
 
+/* stats: the regions' rows (PROTOCOL.md, stats), in the response's
+ * order, each with its histograms when it has them.
+ */
+enum { ST_READ, ST_WRITE, ST_DISCARD, ST_FLUSH, ST_OPS };
+static const char *const st_ops[ST_OPS] = { "read", "write", "discard",
+                                            "flush" };
+static const char *const st_ops_plural[ST_OPS] = { "reads", "writes",
+                                                   "discards", "flushes" };
+#define ST_MAX_BUCKETS 64
+struct stats_row {
+  const char *dev, *type;
+  unsigned id;
+  uint64_t start, len;          /* sectors */
+  uint64_t interval_ns;
+  uint64_t ios[ST_OPS], bytes[ST_OPS], ns[ST_OPS];
+  uint64_t in_progress, io_ns, queue_ns;
+  size_t nbounds;               /* 0: no histograms */
+  uint64_t bounds[ST_MAX_BUCKETS - 1];
+  uint64_t hist[ST_OPS][ST_MAX_BUCKETS];
+};
+
+static uint64_t
+stats_u64 (const char *s)
+{
+  char *end;
+  uint64_t v;
+
+  errno = 0;
+  v = strtoull (s, &end, 10);
+  if (errno || end == s || *end)
+    die ("stats: malformed response (number '%s')", s);
+  return v;
+}
+
+/* "a,b,c" into out[0..max); the count. */
+static size_t
+stats_list (char *s, uint64_t *out, size_t max)
+{
+  size_t n = 0;
+  char *save = NULL;
+
+  for (char *w = strtok_r (s, ",", &save); w; w = strtok_r (NULL, ",", &save)) {
+    if (n == max)
+      die ("stats: malformed response (too many buckets)");
+    out[n++] = stats_u64 (w);
+  }
+  return n;
+}
+
+static size_t
+parse_stats (char *p, struct stats_row **out)
+{
+  struct row *rows;
+  size_t n = split_rows (p, &rows), nr = 0;
+  struct stats_row *st = calloc (n ? n : 1, sizeof *st);
+
+  if (st == NULL)
+    die ("out of memory");
+  for (size_t i = 0; i < n; i++) {
+    char **f = rows[i].f;
+
+    if (rows[i].n == 22 && strcmp (f[1], "region") == 0) {
+      struct stats_row *r = &st[nr++];
+      r->dev = f[0];
+      r->id = stats_u64 (f[2]);
+      r->start = stats_u64 (f[3]);
+      r->len = stats_u64 (f[4]);
+      r->type = f[5];
+      r->interval_ns = stats_u64 (f[6]);
+      for (int op = 0; op < ST_OPS; op++) {
+        r->ios[op] = stats_u64 (f[7 + 3 * op]);
+        r->bytes[op] = stats_u64 (f[8 + 3 * op]);
+        r->ns[op] = stats_u64 (f[9 + 3 * op]);
+      }
+      r->in_progress = stats_u64 (f[19]);
+      r->io_ns = stats_u64 (f[20]);
+      r->queue_ns = stats_u64 (f[21]);
+    }
+    else if (rows[i].n == 6 && strcmp (f[1], "histogram") == 0 && nr &&
+             strcmp (st[nr - 1].dev, f[0]) == 0 &&
+             st[nr - 1].id == stats_u64 (f[2])) {
+      struct stats_row *r = &st[nr - 1];
+      int op;
+      for (op = 0; op < ST_OPS && strcmp (f[3], st_ops[op]) != 0; op++)
+        ;
+      if (op == ST_OPS)
+        die ("stats: malformed response (operation '%s')", f[3]);
+      r->nbounds = stats_list (f[4], r->bounds, ST_MAX_BUCKETS - 1);
+      if (stats_list (f[5], r->hist[op], ST_MAX_BUCKETS) != r->nbounds + 1)
+        die ("stats: malformed response (histogram of %s)", f[3]);
+    }
+    else
+      die ("stats: malformed response");
+  }
+  free (rows);
+  *out = st;
+  return nr;
+}
+
+/* A size as LVM prints one (dmstats' default units): 1024-based, two
+ * decimals and the unit's letter, "0" for nothing.
+ */
+static const char *
+stats_size (double bytes, char *buf, size_t len)
+{
+  static const char units[] = "bkmgtpe";
+  int u = 0;
+
+  if (bytes < 0.005) {
+    snprintf (buf, len, "0");
+    return buf;
+  }
+  while (bytes >= 1024 && u < 6) {
+    bytes /= 1024;
+    u++;
+  }
+  snprintf (buf, len, "%.2f%c", bytes, units[u]);
+  return buf;
+}
+
+/* dmstats report's default columns, over the interval since the
+ * counters started (created, reloaded or cleared).  Nothing is merged
+ * here (nbdkit hands the plugin each NBD request as it comes): the
+ * merge columns are 0.
+ */
+static void
+print_stats_report (const struct stats_row *st, size_t n)
+{
+  char a[32], b[32], c[32], d[32], e[32];
+
+  printf ("%-16s %4s %4s %7s %7s %6s %6s %8s %8s %7s %7s %7s %5s %5s "
+          "%7s %7s %7s\n", "Name", "RgID", "ArID", "ArStart", "ArSize",
+          "RMrg/s", "WMrg/s", "R/s", "W/s", "RSz/s", "WSz/s", "AvgRqSz",
+          "QSize", "Util%", "AWait", "RdAWait", "WrAWait");
+  for (size_t i = 0; i < n; i++) {
+    const struct stats_row *r = &st[i];
+    double secs = r->interval_ns > 0 ? r->interval_ns / 1e9 : 1;
+    uint64_t rw = r->ios[ST_READ] + r->ios[ST_WRITE];
+    uint64_t rwbytes = r->bytes[ST_READ] + r->bytes[ST_WRITE];
+    double util = 100.0 * r->io_ns / (r->interval_ns ? r->interval_ns : 1);
+
+    printf ("%-16s %4u %4u %7s %7s %6.2f %6.2f %8.2f %8.2f %7s %7s %7s "
+            "%5.2f %5.2f %7.2f %7.2f %7.2f\n", r->dev, r->id, 0,
+            stats_size (r->start * 512.0, a, sizeof a),
+            stats_size (r->len * 512.0, b, sizeof b), 0.0, 0.0,
+            r->ios[ST_READ] / secs, r->ios[ST_WRITE] / secs,
+            stats_size (r->bytes[ST_READ] / secs, c, sizeof c),
+            stats_size (r->bytes[ST_WRITE] / secs, d, sizeof d),
+            stats_size (rw ? (double) rwbytes / rw : 0, e, sizeof e),
+            r->queue_ns / 1e9 / secs, util > 100 ? 100 : util,
+            rw ? (r->ns[ST_READ] + r->ns[ST_WRITE]) / 1e6 / rw : 0,
+            r->ios[ST_READ] ? r->ns[ST_READ] / 1e6 / r->ios[ST_READ] : 0,
+            r->ios[ST_WRITE] ? r->ns[ST_WRITE] / 1e6 / r->ios[ST_WRITE] : 0);
+  }
+}
+
+static void
+print_stats_json (const struct stats_row *st, size_t n)
+{
+  const char *prev = NULL;
+
+  printf ("{\"devices\": [");
+  for (size_t i = 0; i < n; i++) {
+    const struct stats_row *r = &st[i];
+
+    if (prev == NULL || strcmp (prev, r->dev) != 0) {
+      printf ("%s{\"name\": ", prev ? "]}, " : "");
+      json_string (r->dev);
+      printf (", \"regions\": [");
+    }
+    else
+      printf (", ");
+    prev = r->dev;
+    printf ("{\"region_id\": %u, \"start\": %" PRIu64 ", \"length\": %"
+            PRIu64 ", \"target\": ", r->id, r->start, r->len);
+    json_string (r->type);
+    printf (", \"interval_ns\": %" PRIu64, r->interval_ns);
+    for (int op = 0; op < ST_OPS; op++) {
+      const char *o = st_ops[op];
+      printf (", \"%s\": %" PRIu64, st_ops_plural[op], r->ios[op]);
+      if (op != ST_FLUSH)
+        printf (", \"%s_merged\": 0, \"%s_sectors\": %" PRIu64
+                ", \"%s_bytes\": %" PRIu64, st_ops_plural[op], o,
+                r->bytes[op] / 512, o, r->bytes[op]);
+      printf (", \"%s_ns\": %" PRIu64, o, r->ns[op]);
+    }
+    printf (", \"in_progress\": %" PRIu64 ", \"io_ns\": %" PRIu64
+            ", \"queue_ns\": %" PRIu64, r->in_progress, r->io_ns,
+            r->queue_ns);
+    if (r->nbounds) {
+      printf (", \"histograms\": {\"bounds_ns\": [");
+      for (size_t k = 0; k < r->nbounds; k++)
+        printf ("%s%" PRIu64, k ? ", " : "", r->bounds[k]);
+      printf ("]");
+      for (int op = 0; op < ST_OPS; op++) {
+        printf (", \"%s\": [", st_ops[op]);
+        for (size_t k = 0; k <= r->nbounds; k++)
+          printf ("%s%" PRIu64, k ? ", " : "", r->hist[op][k]);
+        printf ("]");
+      }
+      printf ("}");
+    }
+    printf ("}");
+  }
+  printf ("%s]}\n", prev ? "]}" : "");
+}
+
+/* A label value of the exposition format: \, " and newline escaped. */
+static void
+prom_label (const char *s)
+{
+  putchar ('"');
+  for (; *s; s++)
+    if (*s == '\\' || *s == '"')
+      printf ("\\%c", *s);
+    else if (*s == '\n')
+      printf ("\\n");
+    else
+      putchar (*s);
+  putchar ('"');
+}
+
+static void
+prom_labels (const struct stats_row *r)
+{
+  printf ("{device=");
+  prom_label (r->dev);
+  printf (",region=\"%u\",start=\"%" PRIu64 "\",length=\"%" PRIu64
+          "\",target=", r->id, r->start, r->len);
+  prom_label (r->type);
+}
+
+/* The Prometheus text exposition format (version 0.0.4): each family's
+ * HELP and TYPE, then its samples for every region of every device.
+ */
+static void
+print_stats_prometheus (const struct stats_row *st, size_t n)
+{
+  static const struct {
+    const char *name, *type, *help;
+    int what, op;               /* what: 0 ios, 1 bytes, 2 seconds, 3.. */
+  } fam[] = {
+    { "reads_total", "counter", "Reads completed.", 0, ST_READ },
+    { "read_bytes_total", "counter", "Bytes read.", 1, ST_READ },
+    { "read_seconds_total", "counter", "Time spent reading (the requests' "
+      "times, summed).", 2, ST_READ },
+    { "writes_total", "counter", "Writes (and write zeroes) completed.", 0,
+      ST_WRITE },
+    { "written_bytes_total", "counter", "Bytes written.", 1, ST_WRITE },
+    { "write_seconds_total", "counter", "Time spent writing.", 2, ST_WRITE },
+    { "discards_total", "counter", "Discards (trims) completed.", 0,
+      ST_DISCARD },
+    { "discarded_bytes_total", "counter", "Bytes discarded.", 1,
+      ST_DISCARD },
+    { "discard_seconds_total", "counter", "Time spent discarding.", 2,
+      ST_DISCARD },
+    { "flushes_total", "counter", "Flushes completed (device region "
+      "only).", 0, ST_FLUSH },
+    { "flush_seconds_total", "counter", "Time spent flushing.", 2,
+      ST_FLUSH },
+    { "in_progress", "gauge", "Requests in flight.", 3, 0 },
+    { "io_seconds_total", "counter", "Time with requests in flight (an "
+      "upper bound with concurrent requests).", 4, 0 },
+    { "queue_seconds_total", "counter", "Weighted time in flight (the "
+      "requests' times, summed).", 5, 0 },
+  };
+
+  for (size_t k = 0; k < sizeof fam / sizeof fam[0]; k++) {
+    printf ("# HELP nbdmapper_%s %s\n# TYPE nbdmapper_%s %s\n", fam[k].name,
+            fam[k].help, fam[k].name, fam[k].type);
+    for (size_t i = 0; i < n; i++) {
+      const struct stats_row *r = &st[i];
+      int op = fam[k].op;
+
+      printf ("nbdmapper_%s", fam[k].name);
+      prom_labels (r);
+      printf ("} ");
+      switch (fam[k].what) {
+      case 0: printf ("%" PRIu64 "\n", r->ios[op]); break;
+      case 1: printf ("%" PRIu64 "\n", r->bytes[op]); break;
+      case 2: printf ("%.9f\n", r->ns[op] / 1e9); break;
+      case 3: printf ("%" PRIu64 "\n", r->in_progress); break;
+      case 4: printf ("%.9f\n", r->io_ns / 1e9); break;
+      default: printf ("%.9f\n", r->queue_ns / 1e9); break;
+      }
+    }
+  }
+  printf ("# HELP nbdmapper_request_duration_seconds Request latency, per "
+          "operation (device region).\n"
+          "# TYPE nbdmapper_request_duration_seconds histogram\n");
+  for (size_t i = 0; i < n; i++) {
+    const struct stats_row *r = &st[i];
+
+    for (int op = 0; r->nbounds && op < ST_OPS; op++) {
+      uint64_t cum = 0;
+
+      for (size_t k = 0; k <= r->nbounds; k++) {
+        cum += r->hist[op][k];
+        printf ("nbdmapper_request_duration_seconds_bucket");
+        prom_labels (r);
+        printf (",op=\"%s\",le=", st_ops[op]);
+        if (k < r->nbounds)
+          printf ("\"%g\"} %" PRIu64 "\n", r->bounds[k] / 1e9, cum);
+        else
+          printf ("\"+Inf\"} %" PRIu64 "\n", cum);
+      }
+      printf ("nbdmapper_request_duration_seconds_sum");
+      prom_labels (r);
+      printf (",op=\"%s\"} %.9f\n", st_ops[op], r->ns[op] / 1e9);
+      printf ("nbdmapper_request_duration_seconds_count");
+      prom_labels (r);
+      printf (",op=\"%s\"} %" PRIu64 "\n", st_ops[op], cum);
+    }
+  }
+}
+
+static void
+print_stats (char *p)
+{
+  struct stats_row *st;
+  size_t n = parse_stats (p, &st);
+
+  if (opts.json)
+    print_stats_json (st, n);
+  else if (opts.prometheus)
+    print_stats_prometheus (st, n);
+  else
+    print_stats_report (st, n);
+  free (st);
+}
+
+/* clients: EXPORT, FAMILY, PEER, TLS, SINCE (Unix time), IN-FLIGHT,
+ * REQUESTS.
+ */
+static void
+print_clients (char *p)
+{
+  struct row *rows;
+  size_t n = split_rows (p, &rows);
+
+  if (opts.json)
+    printf ("{\"clients\": [");
+  else
+    printf ("%-16s %-24s %-3s %-20s %8s %10s\n", "Export", "Peer", "TLS",
+            "Since", "InFlight", "Requests");
+  for (size_t i = 0; i < n; i++) {
+    char **f = rows[i].f;
+    char since[32] = "?";
+    double t;
+    time_t secs;
+    struct tm tm;
+
+    if (rows[i].n < 7)
+      die ("clients: malformed response");
+    t = strtod (f[4], NULL);
+    secs = (time_t) t;
+    if (gmtime_r (&secs, &tm))
+      strftime (since, sizeof since, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    if (opts.json) {
+      printf ("%s{\"export\": ", i ? ", " : "");
+      json_string (f[0]);
+      printf (", \"family\": ");
+      json_string (f[1]);
+      printf (", \"peer\": ");
+      json_string (f[2]);
+      printf (", \"tls\": %s, \"since\": %s, \"since_utc\": \"%s\", "
+              "\"in_flight\": %s, \"requests\": %s}",
+              strcmp (f[3], "1") == 0 ? "true" : "false", f[4], since, f[5],
+              f[6]);
+    }
+    else
+      printf ("%-16s %-24s %-3s %-20s %8s %10s\n", f[0],
+              strcmp (f[1], "unix") == 0 || strcmp (f[1], "tcp") == 0
+              ? f[2] : "-", strcmp (f[3], "1") == 0 ? "yes" : "no", since,
+              f[5], f[6]);
+  }
+  if (opts.json)
+    printf ("]}\n");
+  free (rows);
+}
+
 static void
 need (int argc, int min, int max, const char *cmd)
 {
@@ -814,7 +1202,8 @@ static void
 parse_options (int argc, char *argv[], bool batch_line)
 {
   enum { OPT_NOFLUSH = 256, OPT_FORCE, OPT_INACTIVE, OPT_SHOWKEYS, OPT_UUID,
-         OPT_TABLE, OPT_TIMEOUT, OPT_BACKENDS };
+         OPT_TABLE, OPT_TIMEOUT, OPT_BACKENDS, OPT_CLEAR, OPT_PROMETHEUS,
+         OPT_REGION };
   static const struct option long_opts[] = {
     { "connect", required_argument, NULL, 'c' },
     { "key", required_argument, NULL, 'k' },
@@ -829,6 +1218,9 @@ parse_options (int argc, char *argv[], bool batch_line)
     { "uuid", required_argument, NULL, OPT_UUID },
     { "table", required_argument, NULL, OPT_TABLE },
     { "timeout", required_argument, NULL, OPT_TIMEOUT },
+    { "clear", no_argument, NULL, OPT_CLEAR },
+    { "prometheus", no_argument, NULL, OPT_PROMETHEUS },
+    { "region", required_argument, NULL, OPT_REGION },
     { NULL },
   };
   int opt;
@@ -862,6 +1254,9 @@ parse_options (int argc, char *argv[], bool batch_line)
     case OPT_UUID: opts.uuid = optarg; break;
     case OPT_TABLE: opts.table_text = optarg; break;
     case OPT_TIMEOUT: opts.timeout = parse_seconds ("--timeout", optarg); break;
+    case OPT_CLEAR: opts.flags |= PROTO_F_CLEAR; break;
+    case OPT_PROMETHEUS: opts.prometheus = true; break;
+    case OPT_REGION: opts.region = optarg; break;
     default: usage (stderr, EXIT_FAILURE);
     }
   }
@@ -880,6 +1275,7 @@ commands[] = {
   { "table", PROTO_CMD_TABLE, 0, 1 }, { "status", PROTO_CMD_STATUS, 0, 1 },
   { "message", PROTO_CMD_MESSAGE, 3, PROTO_MAX_ARGS - 2 },
   { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
+  { "stats", PROTO_CMD_STATS, 0, 1 }, { "clients", PROTO_CMD_CLIENTS, 0, 1 },
 };
 
 /* The options that belong to one command: given to another, they would
@@ -895,6 +1291,7 @@ check_options (const char *cmd, unsigned code, int argc, char *argv[])
     { PROTO_F_INACTIVE, "--inactive", PROTO_CMD_TABLE },
     { PROTO_F_SHOWKEYS, "--showkeys", PROTO_CMD_TABLE },
     { PROTO_F_BACKENDS, "--backends", PROTO_CMD_STATUS },
+    { PROTO_F_CLEAR, "--clear", PROTO_CMD_STATS },
   };
   bool takes_table = code == PROTO_CMD_CREATE || code == PROTO_CMD_LOAD ||
     code == PROTO_CMD_REPLACE;
@@ -905,6 +1302,18 @@ check_options (const char *cmd, unsigned code, int argc, char *argv[])
            proto_cmd_name (flag_opts[i].code));
   if (opts.uuid && code != PROTO_CMD_CREATE)
     die ("--uuid is an option of create");
+  if ((opts.prometheus || opts.region) && code != PROTO_CMD_STATS)
+    die ("%s is an option of stats",
+         opts.prometheus ? "--prometheus" : "--region");
+  if (opts.prometheus && opts.json)
+    die ("stats: --json or --prometheus, not both");
+  if (opts.region) {
+    if (argc == 0)
+      die ("stats: --region needs a device name");
+    if (strspn (opts.region, "0123456789") != strlen (opts.region) ||
+        !*opts.region || strlen (opts.region) > 9)
+      die ("stats: --region '%s' is not a region number", opts.region);
+  }
   if (opts.table_text && !takes_table)
     die ("--table is an option of create, load, reload and replace");
   /* The table is the argument after NAME or --table, not both. */
@@ -984,6 +1393,16 @@ run_command (struct conn *c, const char *cmd, unsigned code, int argc,
       printf ("{\"event_nr\": %s}\n", strtok (p, "\n") ? p : "0");
     break;
   }
+  case PROTO_CMD_STATS: {
+    const char *args[2] = { argc ? argv[0] : "", opts.region };
+    p = call (c, code, opts.region ? 2 : argc, args);
+    print_stats (p);
+    break;
+  }
+  case PROTO_CMD_CLIENTS:
+    p = call (c, code, argc, (const char *const *) argv);
+    print_clients (p);
+    break;
   case PROTO_CMD_MESSAGE:
     p = call (c, code, argc, (const char *const *) argv);
     if (*p)

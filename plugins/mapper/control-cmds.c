@@ -21,6 +21,7 @@
 
 #include "engine.h"
 #include "control-internal.h"
+#include "clients.h"
 
 /* Serialises every command that reads or changes devices (not wait). */
 static pthread_mutex_t control_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -675,6 +676,132 @@ cmd_wait (struct reply *rp, struct proto_request *req)
   return 0;
 }
 
+/* stats: one "region" line per region, then a "histogram" line per
+ * operation of each region that has them (PROTOCOL.md).
+ */
+struct stats_args {
+  struct reply *rp;
+  long region;                  /* -1: all */
+  bool all;                     /* every device: skip those without a table */
+  const char *name;             /* the device's, while printing */
+};
+
+static int
+stats_region (const struct mapper_stats_region *r, void *opaque)
+{
+  struct stats_args *a = opaque;
+  struct reply *rp = a->rp;
+  const char *name = a->name;
+  static const char *const ops[] = { "read", "write", "discard", "flush" };
+
+  fprintf (rp->out, "%s\tregion\t%u\t%" PRIu64 "\t%" PRIu64 "\t%s\t%" PRIu64,
+           name, r->id, r->start >> MAPPER_SECTOR_SHIFT,
+           r->len >> MAPPER_SECTOR_SHIFT, r->type, r->interval_ns);
+  for (int op = 0; op < MAPPER_STATS_OPS; op++)
+    fprintf (rp->out, "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64, r->ios[op],
+             r->bytes[op], r->ns[op]);
+  fprintf (rp->out, "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\n",
+           r->in_progress, r->io_ns, r->queue_ns);
+  for (int op = 0; r->has_histograms && op < MAPPER_STATS_OPS; op++) {
+    fprintf (rp->out, "%s\thistogram\t%u\t%s\t", name, r->id, ops[op]);
+    for (int k = 0; k < MAPPER_STATS_NR_BOUNDS; k++)
+      fprintf (rp->out, "%s%" PRIu64, k ? "," : "",
+               mapper_stats_bounds_ns[k]);
+    fputc ('\t', rp->out);
+    for (int k = 0; k < MAPPER_STATS_BUCKETS; k++)
+      fprintf (rp->out, "%s%" PRIu64, k ? "," : "", r->hist[op][k]);
+    fputc ('\n', rp->out);
+  }
+  return 0;
+}
+
+static int
+stats_one (struct device *dev, void *opaque)
+{
+  struct stats_args *a = opaque;
+  struct reply *rp = a->rp;
+  struct mapper_err err = { "" };
+  int r;
+
+  a->name = device_name (dev);
+  r = device_stats (dev, a->region, rp->flags & PROTO_F_CLEAR,
+                    stats_region, a, &err);
+  /* Every device asked for: one without a table has nothing to show. */
+  if (r == -ENXIO && a->all)
+    return 0;
+  if (r < 0)
+    return reply_fail (rp, -r, "stats: %s", err.msg);
+  return 0;
+}
+
+/* Check every device first: a --clear that fails clears nothing. */
+static int
+stats_check (struct device *dev, void *opaque)
+{
+  struct stats_args *a = opaque;
+  struct mapper_err err = { "" };
+  int r = device_stats (dev, a->region, false, NULL, NULL, &err);
+
+  if (r == -ENXIO && a->all)
+    return 0;
+  if (r < 0)
+    return reply_fail (a->rp, -r, "stats: %s", err.msg);
+  return 0;
+}
+
+static int
+cmd_stats (struct reply *rp, struct proto_request *req)
+{
+  struct stats_args a = { rp, -1, false, NULL };
+  struct device *dev = NULL;
+  char *end;
+  int r;
+
+  if (need_args (rp, req, 0, 2) == -1)
+    return -1;
+  if (req->nargs == 2) {
+    errno = 0;
+    if (req->args[1][0] < '0' || req->args[1][0] > '9' ||
+        (a.region = strtol (req->args[1], &end, 10), errno) || *end)
+      return reply_fail (rp, EINVAL, "stats: region '%s' is not a number",
+                         req->args[1]);
+  }
+  if (req->nargs >= 1 && *req->args[0] &&
+      (dev = get_device (rp, "stats", req->args[0])) == NULL)
+    return -1;
+  if (req->nargs == 2 && dev == NULL)
+    return reply_fail (rp, EINVAL, "stats: a region needs a device");
+  if (dev) {
+    r = stats_check (dev, &a);
+    if (r == 0)
+      r = stats_one (dev, &a);
+    device_put (dev);
+    return r;
+  }
+  a.all = true;
+  if (device_foreach (stats_check, &a) != 0)
+    return -1;
+  return device_foreach (stats_one, &a) != 0 ? -1 : 0;
+}
+
+static int
+cmd_clients (struct reply *rp, struct proto_request *req)
+{
+  struct device *dev = NULL;
+
+  if (need_args (rp, req, 0, 1) == -1)
+    return -1;
+  if (req->nargs == 0 || control_is_export (req->args[0])) {
+    clients_print (rp->out, req->nargs == 0, NULL);
+    return 0;
+  }
+  if ((dev = get_device (rp, "clients", req->args[0])) == NULL)
+    return -1;
+  clients_print (rp->out, false, dev);
+  device_put (dev);
+  return 0;
+}
+
 typedef int (*cmd_fn) (struct reply *rp, struct proto_request *req);
 static const cmd_fn commands[] = {
   [PROTO_CMD_VERSION] = cmd_version, [PROTO_CMD_LIST] = cmd_list,
@@ -685,6 +812,7 @@ static const cmd_fn commands[] = {
   [PROTO_CMD_INFO] = cmd_info, [PROTO_CMD_TABLE] = cmd_table,
   [PROTO_CMD_STATUS] = cmd_status, [PROTO_CMD_MESSAGE] = cmd_message,
   [PROTO_CMD_TARGETS] = cmd_targets, [PROTO_CMD_WAIT] = cmd_wait,
+  [PROTO_CMD_STATS] = cmd_stats, [PROTO_CMD_CLIENTS] = cmd_clients,
 };
 
 void

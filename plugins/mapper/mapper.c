@@ -21,6 +21,7 @@
 
 #include "engine.h"
 #include "control.h"
+#include "clients.h"
 
 /* -D mapper.io=1: log how each request is split. */
 NBDKIT_DLL_PUBLIC int mapper_debug_io = 0;
@@ -28,6 +29,10 @@ NBDKIT_DLL_PUBLIC int mapper_debug_io = 0;
  * backend: reproduces the "before" for the flush benchmark.
  */
 NBDKIT_DLL_PUBLIC int mapper_debug_flush_per_target = 0;
+/* -D mapper.stats_off=1: keep no I/O statistics: the "before" of
+ * bench/bench-stats, never for production.
+ */
+NBDKIT_DLL_PUBLIC int mapper_debug_stats_off = 0;
 
 /* The first table file's device: the default export. */
 static char *default_name;
@@ -270,6 +275,7 @@ mapper_config_complete (void)
   mapper_request_abandoned = request_abandoned;
   mapper_trace_io = mapper_debug_io != 0;
   mapper_flush_per_target = mapper_debug_flush_per_target != 0;
+  mapper_stats_disabled = mapper_debug_stats_off != 0;
 
   if (nr_table_files == 0 && !have_tables_dir) {
     nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR "
@@ -466,6 +472,7 @@ mapper_default_export (int readonly, int is_tls)
 struct handle {
   struct device *dev;
   struct control_conn *ctl;
+  struct client *client;        /* nbdmsetup clients */
   /* Backend errors this connection has heard of (device_flush_errseq):
    * from its open on, its next flush after each fails once.
    */
@@ -488,7 +495,9 @@ mapper_open (int readonly)
       return NULL;
     }
     h->ctl = control_open (readonly);
-    if (h->ctl == NULL) {
+    if (h->ctl == NULL || (h->client = client_open (NULL)) == NULL) {
+      if (h->ctl)
+        control_close (h->ctl);
       free (h);
       return NULL;
     }
@@ -501,8 +510,10 @@ mapper_open (int readonly)
     return NULL;
   }
   h = calloc (1, sizeof *h);
-  if (h == NULL) {
-    nbdkit_error ("calloc: %s", mapper_strerror (errno));
+  if (h == NULL || (h->client = client_open (dev)) == NULL) {
+    if (h == NULL)
+      nbdkit_error ("calloc: %s", mapper_strerror (errno));
+    free (h);
     device_close_conn (dev);
     return NULL;
   }
@@ -516,6 +527,7 @@ mapper_close (void *handle)
 {
   struct handle *h = handle;
 
+  client_close (h->client);
   if (h->ctl)
     control_close (h->ctl);
   else
@@ -623,15 +635,26 @@ result (int r)
   return -1;
 }
 
+/* Each request counts in its connection's record (nbdmsetup clients)
+ * while it runs.
+ */
+#define COUNTED(h, call)                                                \
+  ({                                                                    \
+    struct client_slot *cs_ = client_request_start ((h)->client);       \
+    int r_ = (call);                                                    \
+    client_request_end (cs_);                                           \
+    r_;                                                                 \
+  })
+
 static int
 mapper_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
   struct handle *h = handle;
   if (h->ctl)
-    return control_pread (h->ctl, buf, count, offset);
-  return result (device_pread (h->dev, buf, count, offset,
-                               engine_flags (flags)));
+    return COUNTED (h, control_pread (h->ctl, buf, count, offset));
+  return COUNTED (h, result (device_pread (h->dev, buf, count, offset,
+                                           engine_flags (flags))));
 }
 
 static int
@@ -640,9 +663,9 @@ mapper_pwrite (void *handle, const void *buf, uint32_t count,
 {
   struct handle *h = handle;
   if (h->ctl)
-    return control_pwrite (h->ctl, buf, count, offset);
-  return result (device_pwrite (h->dev, buf, count, offset,
-                                engine_flags (flags)));
+    return COUNTED (h, control_pwrite (h->ctl, buf, count, offset));
+  return COUNTED (h, result (device_pwrite (h->dev, buf, count, offset,
+                                            engine_flags (flags))));
 }
 
 static int
@@ -650,23 +673,26 @@ mapper_flush (void *handle, uint32_t flags)
 {
   struct handle *h = handle;
   if (h->ctl)
-    return control_flush (h->ctl);
-  return result (device_flush_errseq (h->dev, engine_flags (flags),
-                                      &h->errseq));
+    return COUNTED (h, control_flush (h->ctl));
+  return COUNTED (h, result (device_flush_errseq (h->dev,
+                                                  engine_flags (flags),
+                                                  &h->errseq)));
 }
 
 static int
 mapper_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
-  return result (device_trim (h->dev, count, offset, engine_flags (flags)));
+  return COUNTED (h, result (device_trim (h->dev, count, offset,
+                                          engine_flags (flags))));
 }
 
 static int
 mapper_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
-  return result (device_zero (h->dev, count, offset, engine_flags (flags)));
+  return COUNTED (h, result (device_zero (h->dev, count, offset,
+                                          engine_flags (flags))));
 }
 
 static int
@@ -680,8 +706,9 @@ mapper_extents (void *handle, uint32_t count, uint64_t offset,
                 uint32_t flags, struct nbdkit_extents *extents)
 {
   struct handle *h = handle;
-  return result (device_extents (h->dev, count, offset, engine_flags (flags),
-                                 add_extent, extents));
+  return COUNTED (h, result (device_extents (h->dev, count, offset,
+                                             engine_flags (flags),
+                                             add_extent, extents)));
 }
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
