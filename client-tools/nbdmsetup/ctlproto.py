@@ -9,7 +9,7 @@ REQ_MAGIC, RSP_MAGIC, VERSION = 0x4e424d51, 0x4e424d50, 1
 DOMAIN = b"nbdmapper-control-v1"
 CMD = dict(version=1, ls=2, create=3, load=4, clear=5, suspend=6, resume=7,
            replace=8, remove=9, rename=10, info=11, table=12, status=13,
-           message=14, targets=15, wait=16)
+           message=14, targets=15, wait=16, stats=17, clients=18)
 
 class Conn:
     def __init__(self, uri, key=None):
