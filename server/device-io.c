@@ -122,7 +122,7 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
     return -EPERM;
   }
 
-  stats_io_start (&sio, dev);
+  stats_io_start (&sio, dev, t);
   io_req_init (&req, op, flags);
   first = end = i = count ? table_find_target (t, offset) : 0;
   for (pos = offset, left = count; left > 0; i++) {
@@ -225,7 +225,7 @@ device_flush_errseq (struct device *dev, uint32_t flags,
 
   if (t == NULL)
     return -ESHUTDOWN;
-  stats_io_start (&sio, dev);
+  stats_io_start (&sio, dev, t);
   /* Targets that delay or fail flushes (delay, flakey) first. */
   if (t->nr_flush_hooks)
     r = table_flush_hooks (t, flags);

@@ -229,10 +229,14 @@ struct device {
   _Atomic unsigned inflight;
   _Atomic bool suspended;
   struct table *live;
-  /* The live table's statistics (stats.c), changed with live; NULL when
-   * none are kept.
+  /* The live table's statistics (stats.c): NULL until its first
+   * request or read (then set once, by whichever comes first), replaced
+   * or dropped by a swap (with nothing in flight); counting since the
+   * device's first swap (the device region) and the last one (the
+   * targets').
    */
-  struct stats_set *stats;
+  struct stats_set *_Atomic stats;
+  uint64_t stats_since_dev, stats_since;
 
   /* Protected by lock: the inactive slot, and the two waits of the slots
    * (device-slots.c), each on a condition of its own so that neither
@@ -331,7 +335,8 @@ struct stats_io {
   struct stats_block *blk;      /* NULL: not counted */
   uint64_t t0;
 };
-void stats_io_start (struct stats_io *sio, struct device *dev);
+void stats_io_start (struct stats_io *sio, struct device *dev,
+                     const struct table *t);
 /* It touches targets [first, end) of the live table. */
 void stats_io_targets (struct stats_io *sio, size_t first, size_t end);
 void stats_io_end (struct stats_io *sio, enum io_op op, uint64_t offset,

@@ -16,7 +16,8 @@
  * The set of regions follows the live table: a swap (with nothing in
  * flight, so nothing counts meanwhile) builds a new set, carrying over
  * the device region and each target region whose start and length the
- * new table still has.
+ * new table still has.  A device nothing has used since its swap has
+ * no set: the first request (or read) makes it.
  */
 #include <config.h>
 
@@ -64,9 +65,8 @@ struct stats_block {
 struct stats_region {
   uint64_t start, len;          /* bytes */
   const char *type;             /* "device" or the target type's name */
-  uint64_t since_ns;            /* created or last cleared */
-  uint64_t carried[V_DEVICE];
-  uint64_t base[V_DEVICE];
+  uint64_t since_ns;            /* counting since (swap or clear) */
+  uint64_t *carried, *base;     /* V_DEVICE or V_TARGET values each */
 };
 
 struct stats_set {
@@ -75,7 +75,8 @@ struct stats_set {
   struct stats_block *blocks;
   size_t nr_targets;            /* target regions: 0 or the table's */
   size_t block_size;
-  struct stats_region regions[]; /* the device, then each target */
+  /* The device, then each target; then the regions' values. */
+  struct stats_region regions[];
 };
 
 /* A thread's record: its cache of (set, block) pairs.  Never freed:
@@ -207,11 +208,17 @@ op_of (enum io_op op)
   }
 }
 
-void
-stats_io_start (struct stats_io *sio, struct device *dev)
-{
-  struct stats_set *s = dev->stats;
+static struct stats_set *install (struct device *dev, const struct table *t);
 
+void
+stats_io_start (struct stats_io *sio, struct device *dev,
+                const struct table *t)
+{
+  struct stats_set *s = atomic_load_explicit (&dev->stats,
+                                              memory_order_acquire);
+
+  if (s == NULL)
+    s = install (dev, t);
   sio->blk = s ? block_of (s) : NULL;
   if (sio->blk == NULL)
     return;
@@ -265,7 +272,7 @@ stats_io_end (struct stats_io *sio, enum io_op io_op, uint64_t offset,
   }
 }
 
-/* --- sets: built at each swap -------------------------------------- */
+/* --- sets: made at a device's first request (or read) after a swap -- */
 
 static void
 set_free (struct stats_set *s)
@@ -280,6 +287,66 @@ set_free (struct stats_set *s)
   }
   pthread_mutex_destroy (&s->lock);
   free (s);
+}
+
+/* The set of t's regions, counting since dev_since (the device region)
+ * and since (the targets'); NULL if out of memory or off.
+ */
+static struct stats_set *
+set_new (const struct table *t, uint64_t dev_since, uint64_t since)
+{
+  size_t nt = t->nr_targets <= MAPPER_STATS_MAX_TARGET_REGIONS
+    ? t->nr_targets : 0;
+  size_t nregions = 1 + nt, nvalues = V_DEVICE + nt * V_TARGET;
+  struct stats_set *s;
+  uint64_t *v;
+
+  if (mapper_stats_disabled)
+    return NULL;
+  s = calloc (1, sizeof *s + nregions * sizeof s->regions[0] +
+              2 * nvalues * sizeof (uint64_t));
+  if (s == NULL)
+    return NULL;
+  s->uid = atomic_fetch_add (&next_uid, 1);
+  pthread_mutex_init (&s->lock, NULL);
+  s->nr_targets = nt;
+  s->block_size = offsetof (struct stats_block, v) +
+    (V_TARGETS + nt * V_TARGET) * sizeof (uint64_t);
+  s->block_size = (s->block_size + 63) & ~(size_t) 63;
+  v = (uint64_t *) &s->regions[nregions];
+  for (size_t r = 0; r < nregions; r++) {
+    struct stats_region *rg = &s->regions[r];
+    size_t n = r ? V_TARGET : V_DEVICE;
+
+    rg->start = r ? t->targets[r - 1].begin : 0;
+    rg->len = r ? t->targets[r - 1].len : t->caps.size;
+    rg->type = r ? t->targets[r - 1].type->name : "device";
+    rg->since_ns = r ? since : dev_since;
+    rg->carried = v;
+    rg->base = v + n;
+    v += 2 * n;
+  }
+  return s;
+}
+
+/* A device's first request or read since the swap makes its set (an
+ * idle device has none: no memory for 10,000 of them); the first of
+ * several at once wins.  t is the live table, which cannot change
+ * meanwhile (the caller is counted in flight, or holds dev->lock).
+ */
+static struct stats_set *
+install (struct device *dev, const struct table *t)
+{
+  struct stats_set *s = set_new (t, dev->stats_since_dev, dev->stats_since);
+  struct stats_set *none = NULL;
+
+  if (s == NULL)
+    return NULL;
+  if (!atomic_compare_exchange_strong (&dev->stats, &none, s)) {
+    set_free (s);
+    return none;
+  }
+  return s;
 }
 
 /* The sums of region r's values over s's blocks, carried included
@@ -301,63 +368,45 @@ region_sum (struct stats_set *s, size_t r, uint64_t *out, size_t n)
 void
 stats_swap (struct device *dev, const struct table *t)
 {
-  struct stats_set *old = dev->stats, *s = NULL;
-  size_t nt, nregions;
+  struct stats_set *old = atomic_load (&dev->stats), *s = NULL;
+  uint64_t now = monotonic_ns ();
 
-  dev->stats = NULL;
-  if (!mapper_stats_disabled && t) {
-    nt = t->nr_targets <= MAPPER_STATS_MAX_TARGET_REGIONS ? t->nr_targets : 0;
-    nregions = 1 + nt;
-    s = calloc (1, sizeof *s + nregions * sizeof s->regions[0]);
-  }
-  if (s) {
-    uint64_t now = monotonic_ns ();
+  if (dev->stats_since_dev == 0)
+    dev->stats_since_dev = now;
+  dev->stats_since = now;
+  /* Nothing counted yet: the next request makes the set. */
+  if (old && t && (s = set_new (t, dev->stats_since_dev, now)) == NULL &&
+      !mapper_stats_disabled && mapper_debug)
+    mapper_debug ("device %s: statistics lost at the swap: out of memory",
+                  dev->name);
+  /* What the old set counted goes on where the region still is: the
+   * device always, a target region of the same start and length.
+   */
+  for (size_t r = 0; s && r <= s->nr_targets; r++) {
+    struct stats_region *rg = &s->regions[r];
+    size_t n = r ? V_TARGET : V_DEVICE, o = 0;
 
-    s->uid = atomic_fetch_add (&next_uid, 1);
-    pthread_mutex_init (&s->lock, NULL);
-    s->nr_targets = nt;
-    s->block_size = offsetof (struct stats_block, v) +
-      (V_TARGETS + nt * V_TARGET) * sizeof (uint64_t);
-    s->block_size = (s->block_size + 63) & ~(size_t) 63;
-    for (size_t r = 0; r < nregions; r++) {
-      struct stats_region *rg = &s->regions[r];
-
-      rg->start = r ? t->targets[r - 1].begin : 0;
-      rg->len = r ? t->targets[r - 1].len : t->caps.size;
-      rg->type = r ? t->targets[r - 1].type->name : "device";
-      rg->since_ns = now;
+    if (r) {
+      for (o = 1; o <= old->nr_targets; o++)
+        if (old->regions[o].start == rg->start &&
+            old->regions[o].len == rg->len)
+          break;
+      if (o > old->nr_targets)
+        continue;
     }
-    /* What the old set counted goes on where the region still is: the
-     * device always, a target region of the same start and length.
-     */
-    for (size_t r = 0; old && r < nregions; r++) {
-      struct stats_region *rg = &s->regions[r];
-      size_t n = r ? V_TARGET : V_DEVICE, o = 0;
-
-      if (r) {
-        for (o = 1; o <= old->nr_targets; o++)
-          if (old->regions[o].start == rg->start &&
-              old->regions[o].len == rg->len)
-            break;
-        if (o > old->nr_targets)
-          continue;
-      }
-      region_sum (old, o, rg->carried, n);
-      memcpy (rg->base, old->regions[o].base, n * sizeof rg->base[0]);
-      rg->since_ns = old->regions[o].since_ns;
-    }
+    region_sum (old, o, rg->carried, n);
+    memcpy (rg->base, old->regions[o].base, n * sizeof rg->base[0]);
+    rg->since_ns = old->regions[o].since_ns;
   }
-  else if (t && !mapper_stats_disabled && mapper_debug)
-    mapper_debug ("device %s: no statistics: out of memory", dev->name);
   set_free (old);
-  dev->stats = s;
+  atomic_store (&dev->stats, s);
 }
 
 void
 stats_free (struct device *dev)
 {
-  set_free (dev->stats);
-  dev->stats = NULL;
+  set_free (atomic_load (&dev->stats));
+  atomic_store (&dev->stats, NULL);
 }
 
 /* --- reading ------------------------------------------------------- */
@@ -368,12 +417,14 @@ device_stats (struct device *dev, long region, bool clear,
               void *opaque, struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
-  struct stats_set *s = dev->stats;
+  struct stats_set *s = atomic_load (&dev->stats);
   struct mapper_stats_region out;
   uint64_t sum[V_DEVICE];
   size_t lo = 0, hi;
   int r = 0;
 
+  if (s == NULL && dev->live)
+    s = install (dev, dev->live);
   if (s == NULL) {
     if (dev->live == NULL) {
       mapper_err_set (err, "device '%s' has no live table", dev->name);
@@ -384,8 +435,8 @@ device_stats (struct device *dev, long region, bool clear,
                       "(-D mapper.stats_off=1)", dev->name);
       return -ENOTSUP;
     }
-    mapper_err_set (err, "device '%s': no statistics: out of memory at "
-                    "the last table swap", dev->name);
+    mapper_err_set (err, "device '%s': no statistics: out of memory",
+                    dev->name);
     return -ENOMEM;
   }
   hi = s->nr_targets;
