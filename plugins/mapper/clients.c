@@ -74,21 +74,15 @@ describe_peer (struct client *c)
   if (nbdkit_peer_name ((struct sockaddr *) &ss, &len) == -1)
     return;                     /* -s, or a socket nbdkit cannot name */
   switch (ss.ss_family) {
-  case AF_INET: {
+  case AF_INET: case AF_INET6: {
+    bool v6 = ss.ss_family == AF_INET6;
     struct sockaddr_in *sin = (struct sockaddr_in *) &ss;
-    if (inet_ntop (AF_INET, &sin->sin_addr, addr, sizeof addr)) {
-      c->family = "tcp";
-      snprintf (c->peer, sizeof c->peer, "%s:%u", addr,
-                (unsigned) ntohs (sin->sin_port));
-    }
-    break;
-  }
-  case AF_INET6: {
     struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *) &ss;
-    if (inet_ntop (AF_INET6, &sin6->sin6_addr, addr, sizeof addr)) {
+    if (inet_ntop (ss.ss_family, v6 ? (void *) &sin6->sin6_addr
+                   : (void *) &sin->sin_addr, addr, sizeof addr)) {
       c->family = "tcp";
-      snprintf (c->peer, sizeof c->peer, "[%s]:%u", addr,
-                (unsigned) ntohs (sin6->sin6_port));
+      snprintf (c->peer, sizeof c->peer, v6 ? "[%s]:%u" : "%s:%u", addr,
+                (unsigned) ntohs (v6 ? sin6->sin6_port : sin->sin_port));
     }
     break;
   }
