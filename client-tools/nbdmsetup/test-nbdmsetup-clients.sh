@@ -146,4 +146,18 @@ sed -n 3p "$tmpdir/cl" | grep -Eq '^control tcp 127\.0\.0\.1:[0-9]+ False 1 ' ||
 ports=$(cut -d' ' -f3 "$tmpdir/cl" | cut -d: -f2 | sort -u)
 [ "$(wc -l <<< "$ports")" = 3 ] || die "ports: $ports"
 ! grep -qx "$port" <<< "$ports" || die "a client has the server's port"
+# IPv6: the address in brackets, as in a URI.
+if python3 -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null; then
+    port6=$(python3 -c 'import socket
+s = socket.socket(socket.AF_INET6); s.bind(("::1", 0)); print(s.getsockname()[1])')
+    start_server tcp6 mapper -i ::1 -p "$port6" "$tmpdir/t1.table" \
+        control-key="$tmpdir/key"
+    NBDMSETUP_URI="nbd://[::1]:$port6/control" NBDMSETUP_KEY="$tmpdir/key" \
+        cl > "$tmpdir/cl"
+    cat "$tmpdir/cl"
+    grep -Eq '^control tcp \[::1\]:[0-9]+ False 1 ' "$tmpdir/cl" ||
+        die "IPv6 peer: $(cat "$tmpdir/cl")"
+else
+    echo "no IPv6 loopback: the IPv6 peer is not checked"
+fi
 echo "clients: ok"
