@@ -262,6 +262,18 @@ assert st == 1 and b"takes 0 to 1 arguments" in text, text
 PYEOF
 expect reads 0 2
 
+# Stacking: a read of a device stacked on d1 (mapper:d1) counts in both.
+ms create top --table "0 16384 linear mapper:d1 0"
+ms stats --clear d1 > /dev/null
+nbdsh -u "nbd+unix:///top?socket=$sock" -c '
+for i in range(3):
+    h.pread(4096, 8 * 1024 * 1024 - 4096 * (i + 1))
+'
+expect reads 0 3
+expect reads 2 3
+[ "$(st reads 0 top)" = 3 ] || die "top: reads $(st reads 0 top)"
+[ "$(st target 1 top)" = linear ] || die "top's target region"
+
 # Statistics off (-D mapper.stats_off=1, for benchmarks): said so.
 start_server off mapper -D mapper.stats_off=1 "$tmpdir/tables/d1.table"
 NBDMSETUP_URI="nbd+unix:///control?socket=$tmpdir/off.sock" \
