@@ -854,7 +854,7 @@ parse_stats (char *p, struct stats_row **out)
   for (size_t i = 0; i < n; i++) {
     char **f = rows[i].f;
 
-    if (rows[i].n == 22 && strcmp (f[1], "region") == 0) {
+    if (rows[i].n >= 22 && strcmp (f[1], "region") == 0) {
       struct stats_row *r = &st[nr++];
       r->dev = f[0];
       r->id = stats_u64 (f[2]);
@@ -871,7 +871,7 @@ parse_stats (char *p, struct stats_row **out)
       r->io_ns = stats_u64 (f[20]);
       r->queue_ns = stats_u64 (f[21]);
     }
-    else if (rows[i].n == 6 && strcmp (f[1], "histogram") == 0 && nr &&
+    else if (rows[i].n >= 6 && strcmp (f[1], "histogram") == 0 && nr &&
              strcmp (st[nr - 1].dev, f[0]) == 0 &&
              st[nr - 1].id == stats_u64 (f[2])) {
       struct stats_row *r = &st[nr - 1];
