@@ -127,7 +127,8 @@ read_c1 "$tmpdir/r2"
 cmp "$tmpdir/plain" "$tmpdir/r2" || die "same key set back: data differs"
 # Another key: the same ciphertext reads as something else.
 ms suspend c1
-ms message c1 0 key set "$k2"
+# Through stdin, as the man page suggests (no key on a command line).
+echo "message c1 0 key set $k2" | ms batch
 ms resume c1
 read_c1 "$tmpdir/r3"
 ! cmp -s "$tmpdir/plain" "$tmpdir/r3" || die "another key read the same data"
