@@ -153,6 +153,24 @@ start_server --stderr "$log" ctl -v mapper tables="$dir"
 read_c1 "$tmpdir/r4"
 cmp "$tmpdir/plain" "$tmpdir/r4" || die "after a restart: data differs"
 
+# A wiped table does not block a new one: resume swaps in the loaded
+# table (its own key), as dm resumes the new map.
+c2=$(realpath "$(mkfile c2.img 1M)")
+ms create c2 --table "0 2048 crypt aes-xts-plain64 $k1 0 $c2 0"
+ms suspend c2
+ms message c2 0 key wipe
+refused 'key was wiped' c2 ms resume c2
+ms load c2 --table "0 2048 crypt aes-xts-plain64 $k2 0 $c2 0"
+ms resume c2
+[ "$(state c2)" = ACTIVE ] || die "c2: the loaded table did not resume"
+[ "$(ms table --showkeys c2)" = "0 2048 crypt aes-xts-plain64 $k2 0 $c2 0" ] ||
+    die "c2: $(ms table c2)"
+# And replace, whose new table has its key, on a suspended wiped device.
+ms suspend c2
+ms message c2 0 key wipe
+ms replace c2 --table "0 2048 crypt aes-xts-plain64 $k1 0 $c2 0"
+[ "$(state c2)" = ACTIVE ] || die "c2: replace did not resume"
+
 # --- flakey (ours) -------------------------------------------------------
 read_f1 () {
     nbdsh -u "$(uri f1)" -c '
