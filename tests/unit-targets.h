@@ -178,6 +178,44 @@ unit_device (const char *name, struct table *t)
   return dev;
 }
 
+/* message DEV SECTOR WORDS... (words: separated by spaces, at most 8):
+ * device_message's result, err's text in msg.
+ */
+__attribute__ ((unused))
+static int
+unit_message (struct device *dev, uint64_t sector, const char *words,
+              char *msg, size_t len)
+{
+  struct mapper_err err = { "" };
+  char copy[1024], *argv[8], *reply = NULL, *save = NULL;
+  unsigned argc = 0;
+  int r;
+
+  snprintf (copy, sizeof copy, "%s", words);
+  for (char *w = strtok_r (copy, " ", &save); w && argc < 8;
+       w = strtok_r (NULL, " ", &save))
+    argv[argc++] = w;
+  r = device_message (dev, sector, argc, argv, &reply, &err);
+  free (reply);
+  snprintf (msg, len, "%s", err.msg);
+  return r;
+}
+
+/* dev's live table as text (keys shown), valid until the next call. */
+__attribute__ ((unused))
+static const char *
+unit_table_text (struct device *dev)
+{
+  static char *text;
+  int r = 0;
+
+  free (text);
+  text = device_table_text (dev, false, &r);
+  if (text == NULL)
+    UNIT_FATAL ("device_table_text: %s", strerror (-r));
+  return text;
+}
+
 /* Read size bytes at off of path into a malloc'd buffer. */
 __attribute__ ((unused))
 static unsigned char *
