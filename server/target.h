@@ -119,10 +119,10 @@ struct target_type {
    * (dmsetup message), with the device's lock held (no suspend, resume
    * or other message meanwhile; I/O may be running unless the target
    * requires a suspended device); write any reply into reply/len
-   * (snprintf style).  0, MESSAGE_TABLE_CHANGED (engine.h) when what status TABLE
-   * prints changed (the table is saved again where it is kept), or
-   * -errno with err filled and nothing changed.  Arguments may be
-   * overwritten (a key's text, wiped).  NULL: the target takes no
+   * (snprintf style).  0, MESSAGE_TABLE_CHANGED (engine.h) when what
+   * status TABLE prints changed (the table is saved again where it is
+   * kept), or -errno with err filled and nothing changed.  Arguments may
+   * be overwritten (a key's text, wiped).  NULL: the target takes no
    * messages.
    */
   int (*message) (struct target *ti, unsigned argc, char **argv,

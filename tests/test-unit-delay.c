@@ -442,8 +442,8 @@ test_message (void)
                                             HOUR "\n", R, W));
   before = strdup (unit_table_text (dev));
   for (size_t i = 0; i < ARRAY_SIZE (bad); i++) {
-    CHECKF (unit_message (dev, 0, bad[i].words, msg, sizeof msg) == -EINVAL, "%s",
-            bad[i].words);
+    CHECKF (unit_message (dev, 0, bad[i].words, msg, sizeof msg) == -EINVAL,
+            "%s", bad[i].words);
     CHECKF (strstr (msg, bad[i].want) != NULL, "'%s': '%s'", bad[i].words,
             msg);
     CHECK (strcmp (unit_table_text (dev), before) == 0);
@@ -462,13 +462,16 @@ test_message (void)
   pthread_join (th, NULL);              /* an hour, without the message */
   CHECKF (o.result == 0, "%s", strerror (-o.result));
   want = unit_sprintf ("%s 0 0 %s 0 " HOUR, R, W);
-  CHECKF (strstr (unit_table_text (dev), want) != NULL, "%s", unit_table_text (dev));
+  CHECKF (strstr (unit_table_text (dev), want) != NULL, "%s",
+          unit_table_text (dev));
   free (want);
   /* Flushes follow the write class, as in the table: still held. */
   held_then_released (dev, IO_FLUSH, "0 0 1");
-  CHECK (unit_message (dev, 0, "DELAY 7 9", msg, sizeof msg) == MESSAGE_TABLE_CHANGED);
+  CHECK (unit_message (dev, 0, "DELAY 7 9", msg, sizeof msg) ==
+         MESSAGE_TABLE_CHANGED);
   want = unit_sprintf ("%s 0 7 %s 0 9", R, W);
-  CHECKF (strstr (unit_table_text (dev), want) != NULL, "%s", unit_table_text (dev));
+  CHECKF (strstr (unit_table_text (dev), want) != NULL, "%s",
+          unit_table_text (dev));
   free (want);
   device_destroy (dev);
 }
