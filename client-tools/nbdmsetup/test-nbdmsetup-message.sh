@@ -43,8 +43,9 @@ ms ()
 uri () { echo "nbd+unix:///$1?socket=$sock"; }
 state () { ms info "$1" | sed -n 's/^State: *//p'; }
 
-# refused PATTERN DEV CMD...: CMD fails as `fails` checks, and DEV's live
-# table (with keys) and state are what they were.
+# refused PATTERN DEV CMD...: CMD fails as `fails` checks, with one line
+# on stderr and nothing on stdout, and DEV's live table (with keys) and
+# state are what they were.
 refused ()
 {
     local pat=$1 dev=$2 before st
@@ -52,6 +53,9 @@ refused ()
     before=$(ms table --showkeys "$dev")
     st=$(state "$dev")
     fails "$pat" "$@"
+    [ "$(wc -l < "$tmpdir/fails.err")" -eq 1 ] ||
+        die "$*: not one line: $(cat "$tmpdir/fails.err")"
+    [ ! -s "$tmpdir/fails.out" ] || die "$*: printed $(cat "$tmpdir/fails.out")"
     [ "$(ms table --showkeys "$dev")" = "$before" ] ||
         die "$*: changed the table of $dev: $(ms table "$dev")"
     [ "$(state "$dev")" = "$st" ] || die "$*: changed the state of $dev"
@@ -117,7 +121,6 @@ refused "unrecognised message: crypt takes 'key set <key>' and 'key wipe'" \
 refused 'unrecognised message' c1 ms message c1 0 keys wipe
 refused 'unrecognised message' c1 ms message c1 0 hello
 refused 'key was wiped' c1 ms resume c1
-[ "$(wc -l < "$tmpdir/fails.err")" -eq 1 ] || die "more than one line"
 # The same key back: the data written before the wipe reads back.
 ms message c1 0 KEY SET "$k1"
 [ "$(ms table --showkeys c1)" = "0 8192 crypt aes-xts-plain64 $k1 0 $c 0" ] ||
