@@ -435,20 +435,13 @@ test_message (void)
   };
   struct device *dev;
   struct op o = { .op = IO_READ };
-  char msg[256], *before, *want;
+  char msg[256], *want;
   pthread_t th;
 
   dev = unit_device ("message", unit_parse ("0 16 delay %s 0 " HOUR " %s 0 "
                                             HOUR "\n", R, W));
-  before = strdup (unit_table_text (dev));
-  for (size_t i = 0; i < ARRAY_SIZE (bad); i++) {
-    CHECKF (unit_message (dev, 0, bad[i].words, msg, sizeof msg) == -EINVAL,
-            "%s", bad[i].words);
-    CHECKF (strstr (msg, bad[i].want) != NULL, "'%s': '%s'", bad[i].words,
-            msg);
-    CHECK (strcmp (unit_table_text (dev), before) == 0);
-  }
-  free (before);
+  for (size_t i = 0; i < ARRAY_SIZE (bad); i++)
+    unit_message_refused (dev, 0, bad[i].words, EINVAL, bad[i].want);
 
   o.dev = dev;
   atomic_init (&o.done, false);

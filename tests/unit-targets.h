@@ -216,6 +216,29 @@ unit_table_text (struct device *dev)
   return text;
 }
 
+/* message DEV SECTOR WORDS must fail with want_errno, its message
+ * containing want, and leave dev's live table as it was.
+ */
+#define unit_message_refused(dev, sector, words, want_errno, want) \
+  unit_message_refused_at (__LINE__, dev, sector, words, want_errno, want)
+__attribute__ ((unused))
+static void
+unit_message_refused_at (int srcline, struct device *dev, uint64_t sector,
+                         const char *words, int want_errno, const char *want)
+{
+  char *before = strdup (unit_table_text (dev)), msg[256];
+  int r = unit_message (dev, sector, words, msg, sizeof msg);
+
+  if (r != -want_errno || strstr (msg, want) == NULL ||
+      strcmp (unit_table_text (dev), before) != 0) {
+    fprintf (stderr, "%s:%d: message '%s': %d '%s', expected %d '%s'%s\n",
+             __FILE__, srcline, words, r, msg, -want_errno, want,
+             strcmp (unit_table_text (dev), before) ? ", table changed" : "");
+    unit_failures++;
+  }
+  free (before);
+}
+
 /* Read size bytes at off of path into a malloc'd buffer. */
 __attribute__ ((unused))
 static unsigned char *
