@@ -5,6 +5,7 @@
  */
 #include <config.h>
 
+#include <assert.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -29,11 +30,26 @@ static const char *key_file;
  */
 static struct options {
   bool json;
+  unsigned given;               /* O_* given, to refuse a verb's others */
   uint32_t flags;               /* PROTO_F_* */
-  const char *uuid;
+  const char *uuid;             /* -u: create's uuid, else selects NAME */
   const char *table_text;       /* --table TEXT */
+  const char *fields;           /* -o */
+  const char *sort;             /* -O */
+  const char *separator;        /* --separator, NULL: aligned columns */
+  const char *target;           /* --target TYPE */
+  int verbose;                  /* -v */
   double timeout;               /* --timeout, or -1 */
 } opts = { .timeout = -1 };
+/* Options that belong to some verbs only (struct verb's opts). */
+enum {
+  O_NOFLUSH = 1 << 0, O_FORCE = 1 << 1, O_INACTIVE = 1 << 2,
+  O_SHOWKEYS = 1 << 3, O_BACKENDS = 1 << 4, O_UUID = 1 << 5,
+  O_TABLE = 1 << 6, O_NOTABLE = 1 << 7, O_READONLY = 1 << 8,
+  O_COLUMNS = 1 << 9, O_OPTIONS = 1 << 10, O_NOHEADINGS = 1 << 11,
+  O_SEPARATOR = 1 << 12, O_TARGET = 1 << 13, O_TREE = 1 << 14,
+  O_SORT = 1 << 15, O_NAMEPREFIXES = 1 << 16,
+};
 /* Seconds to wait for the server to connect and for each reply, when
  * --timeout does not say (it does not for wait, where it is the event's
  * timeout): $NBDMSETUP_TIMEOUT, else this.  0: no limit.
@@ -43,7 +59,29 @@ static bool default_from_env;   /* it is $NBDMSETUP_TIMEOUT */
 static const char *batch_file;  /* the batch being run, or NULL */
 static unsigned batch_lineno;   /* the line of it being run */
 static bool stdin_is_batch;     /* the batch's lines come from stdin */
+static const char *die_note;    /* said after die's message, in () */
 
+/* One line per verb (verbs[], below the run functions): what it sends,
+ * its arguments (NAME included), the options of its own (the others are
+ * refused), whether its first argument is a device -u UUID may stand
+ * for, and what runs it.  run NULL: a verb of dmsetup that cannot apply
+ * here, and why.  A verb with local set runs without connecting.
+ * Adding a verb is one line there and its run function.
+ */
+struct conn;
+struct verb;
+typedef void verb_fn (struct conn *c, const struct verb *v, int argc,
+                      char **argv);
+struct verb {
+  const char *name;
+  unsigned code;                /* the PROTO_CMD_* it sends first */
+  int min, max;
+  unsigned opts;                /* O_* of its own */
+  bool named;                   /* argv[0] is a device: -u may stand for it */
+  verb_fn *run;
+  const char *why_not;
+  bool local;
+};
 static void die (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2), noreturn));
 static void
@@ -57,6 +95,8 @@ die (const char *fmt, ...)
   va_start (ap, fmt);
   vfprintf (stderr, fmt, ap);
   va_end (ap);
+  if (die_note)
+    fprintf (stderr, " (%s)", die_note);
   fputc ('\n', stderr);
   exit (EXIT_FAILURE);
 }
@@ -65,38 +105,54 @@ static void __attribute__ ((noreturn))
 usage (FILE *fp, int status)
 {
   fprintf (fp,
-"Usage: nbdmsetup [-c URI] [-k KEYFILE] [--json] COMMAND [ARGS...]\n"
+"Usage: nbdmsetup [-a URI] [-k KEYFILE] [--json] [-v] COMMAND [ARGS...]\n"
 "Drive the devices of an nbdmapper server (nbdkit mapper) like dmsetup.\n"
+"NAME may be replaced by -u UUID.\n"
 "\n"
 "Commands:\n"
 "  version                          client and server versions\n"
-"  ls                               list devices\n"
-"  create NAME [--uuid U] [TABLE]   new device (no TABLE: suspended, empty)\n"
-"  load|reload NAME [TABLE]         fill the inactive table slot\n"
+"  ls [--target TYPE] [--tree [-o OPTIONS]]\n"
+"                                   list devices (or their stacking tree)\n"
+"  create NAME [-u UUID] [-r] [-n|--table TEXT|TABLE]\n"
+"                                   new device (-n: suspended, no table)\n"
+"  load|reload NAME [-r] [TABLE]    fill the inactive table slot\n"
 "  clear NAME                       drop the inactive table\n"
 "  suspend [--noflush] NAME         hold new I/O, drain, flush\n"
 "  resume NAME                      make the inactive table live, release I/O\n"
-"  replace NAME [TABLE]             load + suspend + resume in one step\n"
-"  remove [--force] NAME            remove a device\n"
+"  replace NAME [-r] [TABLE]        load + suspend + resume in one step\n"
+"  remove [-f] NAME                 remove a device\n"
+"  remove_all [-f]                  remove every device, holders first\n"
+"  wipe_table NAME                  replace the table with an error table\n"
 "  rename OLD NEW                   rename a device\n"
 "  info [NAME]                      state, tables, counts (dmsetup info)\n"
-"  table [--inactive] [--showkeys] [NAME]\n"
-"  status [--backends] [NAME]       per-target status lines, or each\n"
+"  info -c [-o FIELDS] [-O FIELDS] [--noheadings] [--separator S]\n"
+"       [--nameprefixes] [NAME]     the same in columns (-o help: fields)\n"
+"  deps [NAME]                      the backends each device uses\n"
+"  table [--inactive] [--showkeys] [--target TYPE] [NAME]\n"
+"  status [--backends] [--target TYPE] [NAME]\n"
+"                                   per-target status lines, or each\n"
 "                                   backend's state (NBD connections)\n"
 "  message NAME SECTOR WORDS...     send a message to a target\n"
-"  targets                          target types and versions\n"
+"  targets, target-version [TYPE...]  target types and versions\n"
 "  wait NAME [EVENT_NR] [--timeout S]  (S: how long to wait for the event)\n"
 "  batch [FILE]                     commands from FILE (default standard\n"
 "                                   input), one per line, one connection\n"
+"  help [-c]                        this help (-c: the info -c fields)\n"
 "\n"
-"TABLE is a file, or - for standard input (the default for load and\n"
-"replace), or --table 'TEXT'.\n"
+"TABLE is a file, or - for standard input (the default for create,\n"
+"load and replace), or --table 'TEXT'.  -- ends the options.\n"
 "\n"
 "Options:\n"
-"  -c, --connect URI   the control export (default $NBDMSETUP_URI), e.g.\n"
+"  -a, --connect URI   the control export (default $NBDMSETUP_URI), e.g.\n"
 "                      nbd+unix:///control?socket=/run/nbdmapper.sock\n"
 "  -k, --key FILE      HMAC key file (default $NBDMSETUP_KEY)\n"
-"  -j, --json          JSON output for read commands\n"
+"  --json              JSON output for read commands\n"
+"  -c, -C, --columns   info in columns; -o, --options FIELDS selects them\n"
+"  -u, --uuid UUID     create: the uuid; else the device with this uuid\n"
+"  -f, --force         remove, remove_all: even while clients are connected\n"
+"  -n, --notable       create: no table;  -r, --readonly: a read-only table\n"
+"  -v, --verbose       deps, table, status, wait: the device's info first\n"
+"  -y, --yes           accepted (nbdmsetup never asks)\n"
 "  --timeout SECONDS   give up when the server has not connected or\n"
 "                      replied within SECONDS (default $NBDMSETUP_TIMEOUT,\n"
 "                      else 30; 0: no limit)\n"
@@ -371,11 +427,12 @@ die_table_error (unsigned cmd, const char *name, const char *msg)
   die ("%s", msg);
 }
 
-/* Send one request; return the response payload (malloc'd, NUL-ended).
- * A server-side error is printed and exits 1.
+/* Send one request with flags; return the response payload (malloc'd,
+ * NUL-ended).  A server-side error is printed and exits 1.
  */
 static char *
-call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
+call_flags (struct conn *c, unsigned cmd, uint32_t flags, unsigned nargs,
+            const char *const *args)
 {
   static uint64_t seq;
   char errmsg[256];
@@ -389,7 +446,7 @@ call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
   c->who = proto_cmd_name (cmd);
   c->secs = time_limit (cmd, false, &c->origin);
   c->note = "";
-  if (proto_encode_request (cmd, opts.flags, ++seq, nargs, args, c->key,
+  if (proto_encode_request (cmd, flags, ++seq, nargs, args, c->key,
                             c->keylen, c->nonce, &msg, &len,
                             errmsg, sizeof errmsg) == -1)
     die ("%s: %s", proto_cmd_name (cmd), errmsg);
@@ -420,6 +477,13 @@ call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
     die ("%s", payload);
   }
   return payload;
+}
+
+/* The same with the command line's flags. */
+static char *
+call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
+{
+  return call_flags (c, cmd, opts.flags, nargs, args);
 }
 
 /* NBD_CMD_DISC, and a short wait for the server to close: the command
@@ -494,26 +558,6 @@ split_rows (char *payload, struct row **rows)
     (*rows)[n++] = r;
   }
   return n;
-}
-
-/* The holders field(s) of an info row: names separated by tabs (the
- * last field of a row keeps its tabs), printed "a, b" or as JSON strings.
- */
-static void
-print_holders (char *field, bool more, bool json)
-{
-  char *save = NULL;
-  int k = 0;
-
-  for (char *name = strtok_r (field, "\t", &save); name;
-       name = strtok_r (NULL, "\t", &save), k++) {
-    if (more || k)
-      printf (", ");
-    if (json)
-      json_string (name);
-    else
-      printf ("%s", name);
-  }
 }
 
 /* --- commands ---------------------------------------------------------- */
@@ -592,32 +636,130 @@ print_version (struct conn *c)
   free (p);
 }
 
-static void
-print_ls (char *p)
-{
-  struct row *rows;
-  size_t n = split_rows (p, &rows);
+/* --- what the server knows of every device ------------------------------ */
 
-  if (opts.json) {
-    printf ("{\"devices\": [");
-    for (size_t i = 0; i < n; i++) {
-      if (rows[i].n < 3)
-        die ("ls: malformed response");
-      printf ("%s{\"name\": ", i ? ", " : "");
-      json_string (rows[i].f[0]);
-      printf (", \"size\": %s, \"state\": ", rows[i].f[1]);
-      json_string (rows[i].f[2]);
-      putchar ('}');
-    }
-    printf ("]}\n");
-  }
-  else if (n == 0)
-    printf ("No devices found\n");
-  else
-    for (size_t i = 0; i < n; i++)
-      printf ("%s\n", rows[i].f[0]);
-  free (rows);
+/* One device as info and status --backends describe it: what deps,
+ * ls --tree, info -c, remove_all and -u UUID are made of.
+ */
+#define INFO_FIELDS 10          /* before the holders */
+struct dev {
+  char **f;                     /* its info row: INFO_FIELDS, then holders */
+  int nf;
+  char **holders;               /* names: live or inactive tables on it */
+  size_t nholders;
+  struct row *bes;              /* its live table's backends: BACKEND, KIND */
+  size_t nbes;
+  bool removed;                 /* remove_all */
+};
+struct devs {
+  struct dev *d;
+  size_t n;
+  char *info, *backends;        /* the payloads the rows point into */
+  struct row *irows, *brows;
+};
+
+static struct dev *
+devs_find (struct devs *ds, const char *name)
+{
+  for (size_t i = 0; i < ds->n; i++)
+    if (strcmp (ds->d[i].f[0], name) == 0)
+      return &ds->d[i];
+  return NULL;
 }
+
+/* Ask for every device's info (and its backends, if backends), or for
+ * the one named.
+ */
+static void
+devs_get (struct conn *c, struct devs *ds, const char *name, bool backends)
+{
+  const char *args[1] = { name };
+  size_t nb = 0;
+
+  memset (ds, 0, sizeof *ds);
+  ds->info = call_flags (c, PROTO_CMD_INFO, 0, name != NULL, args);
+  ds->n = split_rows (ds->info, &ds->irows);
+  ds->d = calloc (ds->n + 1, sizeof *ds->d);
+  if (ds->d == NULL)
+    die ("out of memory");
+  for (size_t i = 0; i < ds->n; i++) {
+    struct dev *d = &ds->d[i];
+    if (ds->irows[i].n < INFO_FIELDS)
+      die ("info: malformed response");
+    d->f = ds->irows[i].f;
+    d->nf = ds->irows[i].n;
+    for (int j = INFO_FIELDS; j < d->nf; j++)
+      for (char *h = d->f[j]; *h; h += strcspn (h, "\t"), h += *h == '\t') {
+        d->holders = realloc (d->holders,
+                              (d->nholders + 1) * sizeof *d->holders);
+        if (d->holders == NULL)
+          die ("out of memory");
+        d->holders[d->nholders++] = h;
+      }
+    /* Cut the holders apart now that they are counted. */
+    for (size_t k = 0; k < d->nholders; k++)
+      d->holders[k][strcspn (d->holders[k], "\t")] = '\0';
+  }
+  if (!backends)
+    return;
+  ds->backends = call_flags (c, PROTO_CMD_STATUS, PROTO_F_BACKENDS,
+                             name != NULL, args);
+  nb = split_rows (ds->backends, &ds->brows);
+  for (size_t i = 0; i < nb; i++) {
+    struct row *r = &ds->brows[i];
+    struct dev *d = devs_find (ds, r->f[0]);
+    if (d == NULL || (r->n > 1 && *r->f[1] && r->n < 4))
+      die ("status: malformed response");
+    if (r->n < 2 || *r->f[1] == '\0')
+      continue;
+    /* Rows of one device are together: point at the first. */
+    if (d->nbes == 0)
+      d->bes = r;
+    d->nbes++;
+    r->f[0] = r->f[1];          /* BACKEND, KIND from here */
+    r->f[1] = r->f[2];
+  }
+}
+
+static void
+devs_free (struct devs *ds)
+{
+  for (size_t i = 0; i < ds->n; i++)
+    free (ds->d[i].holders);
+  free (ds->d);
+  free (ds->irows);
+  free (ds->brows);
+  free (ds->info);
+  free (ds->backends);
+}
+
+/* The device a backend is, if it is one ("mapper:NAME"). */
+static struct dev *
+backend_dev (struct devs *ds, const struct row *be)
+{
+  if (strcmp (be->f[1], "device") != 0 || strncmp (be->f[0], "mapper:", 7))
+    return NULL;
+  return devs_find (ds, be->f[0] + 7);
+}
+
+/* -u UUID: the name of the device with that uuid (malloc'd). */
+static char *
+name_of_uuid (struct conn *c, const char *uuid)
+{
+  struct devs ds;
+  char *name = NULL;
+
+  devs_get (c, &ds, NULL, false);
+  for (size_t i = 0; i < ds.n && name == NULL; i++)
+    if (strcmp (ds.d[i].f[7], uuid) == 0)
+      name = strdup (ds.d[i].f[0]);
+  devs_free (&ds);
+  if (name == NULL)
+    die ("-u %s: no device has this uuid", uuid);
+  return name;
+}
+
+/* --- info ----------------------------------------------------------------- */
 
 static const char *
 tables_present (const char *live, const char *inactive)
@@ -626,70 +768,711 @@ tables_present (const char *live, const char *inactive)
   return l && i ? "LIVE & INACTIVE" : l ? "LIVE" : i ? "INACTIVE" : "None";
 }
 
-static void
-print_info (char *p)
+static bool
+is_read_only (const struct dev *d)
 {
-  struct row *rows;
-  size_t n = split_rows (p, &rows);
+  return strcmp (d->f[9], "1") == 0;
+}
 
+/* dmsetup's info block. */
+static void
+print_info_block (const struct dev *d)
+{
+  char **f = d->f;
+
+  printf ("Name:              %s\n", f[0]);
+  printf ("State:             %s%s\n", f[1],
+          is_read_only (d) ? " (READ-ONLY)" : "");
+  printf ("Tables present:    %s\n", tables_present (f[2], f[3]));
+  printf ("Open count:        %s\n", f[4]);
+  if (d->nholders) {
+    printf ("Holders:           ");
+    for (size_t k = 0; k < d->nholders; k++)
+      printf ("%s%s", k ? ", " : "", d->holders[k]);
+    putchar ('\n');
+  }
+  printf ("Event number:      %s\n", f[5]);
+  printf ("Number of targets: %s\n", f[6]);
+  if (*f[7])
+    printf ("UUID: %s\n", f[7]);
+}
+
+static void
+print_info_json (const struct dev *d)
+{
+  char **f = d->f;
+
+  printf ("{\"name\": ");
+  json_string (f[0]);
+  printf (", \"state\": \"%s\", \"read_only\": %s, \"live_table\": %s, "
+          "\"inactive_table\": %s, \"open_count\": %s, "
+          "\"event_nr\": %s, \"targets\": %s, \"uuid\": ",
+          strcmp (f[1], "SUSPENDED") == 0 ? "SUSPENDED" : "ACTIVE",
+          is_read_only (d) ? "true" : "false",
+          strcmp (f[2], "1") == 0 ? "true" : "false",
+          strcmp (f[3], "1") == 0 ? "true" : "false", f[4], f[5], f[6]);
+  if (*f[7])
+    json_string (f[7]);
+  else
+    printf ("null");
+  printf (", \"size\": %s, \"holders\": [", f[8]);
+  for (size_t k = 0; k < d->nholders; k++) {
+    printf ("%s", k ? ", " : "");
+    json_string (d->holders[k]);
+  }
+  printf ("]}");
+}
+
+/* info -c: dmsetup's report fields that apply (see nbdmsetup(8)).  A
+ * field's value is made into buf.
+ */
+struct field {
+  const char *id, *heading;
+  int width;                    /* at least, as dmsetup's */
+  bool number;                  /* right-aligned, sorted as numbers */
+  bool deps;                    /* needs the backends */
+  void (*get) (struct devs *ds, const struct dev *d, char *buf, size_t len);
+  const char *help;
+};
+
+static void
+f_name (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%s", d->f[0]);
+}
+
+static void
+f_uuid (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%s", d->f[7]);
+}
+
+static void
+f_attr (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%c%c%c%c", *d->f[2] == '1' ? 'L' : '-',
+            *d->f[3] == '1' ? 'I' : '-',
+            strcmp (d->f[1], "SUSPENDED") == 0 ? 's' : '-',
+            is_read_only (d) ? 'r' : 'w');
+}
+
+static void
+f_tables (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  bool l = *d->f[2] == '1', i = *d->f[3] == '1';
+
+  snprintf (buf, len, "%s", l && i ? "Both" : l ? "Live"
+            : i ? "Inactive" : "None");
+}
+
+static void
+f_suspended (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%s", strcmp (d->f[1], "SUSPENDED") == 0
+            ? "Suspended" : "Active");
+}
+
+static void
+f_readonly (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%s", is_read_only (d) ? "Read-only" : "Writeable");
+}
+
+static void
+f_open (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%s", d->f[4]);
+}
+
+static void
+f_segments (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%s", d->f[6]);
+}
+
+static void
+f_events (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%s", d->f[5]);
+}
+
+static void
+f_device_count (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%zu", d->nbes);
+}
+
+/* The backends that are devices of this server (devs), or the others. */
+static void
+used (struct devs *ds, const struct dev *d, bool devs, char *buf,
+      size_t len)
+{
+  size_t at = 0;
+
+  *buf = '\0';
+  for (size_t i = 0; i < d->nbes && at < len; i++) {
+    const struct row *be = &d->bes[i];
+    bool dev = strcmp (be->f[1], "device") == 0;
+    if (dev == devs)
+      at += snprintf (buf + at, len - at, "%s%s", at ? "," : "",
+                      dev ? be->f[0] + 7 : be->f[0]);
+  }
+}
+
+static void
+f_devs_used (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  used (ds, d, true, buf, len);
+}
+
+static void
+f_blkdevs_used (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  used (ds, d, false, buf, len);
+}
+
+static void
+f_ref_count (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  snprintf (buf, len, "%zu", d->nholders);
+}
+
+static void
+f_names_using (struct devs *ds, const struct dev *d, char *buf, size_t len)
+{
+  size_t at = 0;
+
+  *buf = '\0';
+  for (size_t k = 0; k < d->nholders && at < len; k++)
+    at += snprintf (buf + at, len - at, "%s%s", k ? "," : "",
+                    d->holders[k]);
+}
+
+static const struct field fields[] = {
+  { "name", "Name", 16, false, false, f_name, "Name of the device." },
+  { "uuid", "UUID", 32, false, false, f_uuid,
+    "Unique (optional) identifier of the device." },
+  { "attr", "Stat", 4, false, false, f_attr,
+    "(L)ive, (I)nactive, (s)uspended, (r)ead-only, read-(w)rite." },
+  { "tables_loaded", "Tables", 6, false, false, f_tables,
+    "Which of the live and inactive table slots are filled." },
+  { "suspended", "Suspended", 9, false, false, f_suspended,
+    "Whether the device is suspended." },
+  { "readonly", "Read-only", 9, false, false, f_readonly,
+    "Whether the device is read-only or writeable." },
+  { "open", "Open", 4, true, false, f_open,
+    "Number of NBD client connections to the device." },
+  { "segments", "Targ", 4, true, false, f_segments,
+    "Number of targets in the live table." },
+  { "events", "Event", 6, true, false, f_events,
+    "Number of the most recent event." },
+  { "device_count", "#Devs", 5, true, true, f_device_count,
+    "Number of backends the live table uses." },
+  { "devs_used", "DevNamesUsed", 16, false, true, f_devs_used,
+    "Devices of this server the live table uses (mapper:NAME)." },
+  { "blkdevs_used", "BlkDevNamesUsed", 16, false, true, f_blkdevs_used,
+    "Files, block devices and NBD URIs the live table uses." },
+  { "device_ref_count", "#Refs", 5, true, false, f_ref_count,
+    "Number of devices whose tables stack on this one." },
+  { "names_using_dev", "RefNames", 8, false, false, f_names_using,
+    "Devices whose tables stack on this one." },
+};
+#define NR_FIELDS (sizeof fields / sizeof fields[0])
+#define DEFAULT_FIELDS "name,attr,open,segments,events,uuid"
+
+/* dmsetup's fields that have no meaning here, and why. */
+static const struct { const char *prefix, *why; } no_fields[] = {
+  { "major", "nbdmapper devices have no device numbers (they are NBD "
+    "exports)" },
+  { "minor", NULL }, { "devno", NULL }, { "devnos_used", NULL },
+  { "devnos_using_dev", NULL }, { "blkdevname", NULL },
+  { "read_ahead", "read-ahead is the NBD client's" },
+  { "mangled_", "names are not mangled" }, { "unmangled_", NULL },
+  { "subsystem", "names are not split into LVM's VG and LV (splitname)" },
+  { "vg_name", NULL }, { "lv_name", NULL }, { "lv_layer", NULL },
+};
+
+static void
+print_field_help (void)
+{
+  printf ("Device Fields\n-------------\n");
+  for (size_t i = 0; i < NR_FIELDS; i++)
+    printf ("  %-21s - %s\n", fields[i].id, fields[i].help);
+  printf ("Default: " DEFAULT_FIELDS "; -o +FIELDS adds to it.\n");
+}
+
+static const struct field *
+find_field (const char *what, const char *id, size_t n)
+{
+  const char *why = NULL;
+
+  for (size_t i = 0; i < NR_FIELDS; i++)
+    if (strlen (fields[i].id) == n && strncmp (fields[i].id, id, n) == 0)
+      return &fields[i];
+  for (size_t i = 0; i < sizeof no_fields / sizeof no_fields[0]; i++) {
+    if (no_fields[i].why)
+      why = no_fields[i].why;
+    if (strncmp (id, no_fields[i].prefix, strlen (no_fields[i].prefix)) == 0)
+      die ("%s: field '%.*s': %s", what, (int) n, id, why);
+  }
+  die ("%s: unknown field '%.*s' (see info -c -o help)", what, (int) n, id);
+}
+
+/* Parse a comma-separated list of fields (sort: with '-' for reverse). */
+static size_t
+parse_fields (const char *what, const char *list, const struct field **out,
+              bool *reverse, size_t max)
+{
+  size_t n = 0;
+
+  for (const char *p = list; ; ) {
+    size_t len = strcspn (p, ",");
+    bool rev = reverse && *p == '-';
+    if (rev) {
+      p++;
+      len--;
+    }
+    if (len == 0)
+      die ("%s: empty field name in '%s'", what, list);
+    if (n == max)
+      die ("%s: too many fields", what);
+    if (reverse)
+      reverse[n] = rev;
+    out[n++] = find_field (what, p, len);
+    p += len;
+    if (*p++ == '\0')
+      return n;
+  }
+}
+
+struct sort_ctx {
+  const struct field **keys;
+  bool *reverse;
+  size_t nkeys;
+  struct devs *ds;
+};
+static struct sort_ctx sort_ctx;
+
+static int
+compare_devs (const void *a, const void *b)
+{
+  const struct dev *x = *(const struct dev *const *) a;
+  const struct dev *y = *(const struct dev *const *) b;
+  char u[4096], v[4096];
+
+  for (size_t k = 0; k < sort_ctx.nkeys; k++) {
+    const struct field *f = sort_ctx.keys[k];
+    int r;
+    f->get (sort_ctx.ds, x, u, sizeof u);
+    f->get (sort_ctx.ds, y, v, sizeof v);
+    if (f->number) {
+      unsigned long long m = strtoull (u, NULL, 10), n = strtoull (v, NULL, 10);
+      r = m < n ? -1 : m > n;
+    }
+    else
+      r = strcmp (u, v);
+    if (r)
+      return sort_ctx.reverse[k] ? -r : r;
+  }
+  return 0;
+}
+
+/* A value for --nameprefixes: DM_FIELD='value', quotes escaped as the
+ * shell reads them.
+ */
+static void
+print_prefixed (const struct field *f, const char *value)
+{
+  printf ("DM_");
+  for (const char *p = f->id; *p; p++)
+    putchar (*p >= 'a' && *p <= 'z' ? *p - 'a' + 'A' : *p);
+  putchar ('=');
+  putchar ('\'');
+  for (const char *p = value; *p; p++)
+    if (*p == '\'')
+      printf ("'\\''");
+    else
+      putchar (*p);
+  putchar ('\'');
+}
+
+#define MAX_COLUMNS 64
+static void
+print_columns (struct conn *c, const char *name)
+{
+  const struct field *cols[MAX_COLUMNS], *keys[MAX_COLUMNS];
+  bool reverse[MAX_COLUMNS];
+  const char *list = opts.fields ? opts.fields : DEFAULT_FIELDS;
+  const char *sep = opts.separator ? opts.separator : " ";
+  bool aligned = opts.separator == NULL;
+  bool prefixes = opts.given & O_NAMEPREFIXES;
+  size_t ncols = 0, nkeys = 0;
+  int width[MAX_COLUMNS];
+  bool need_deps = false;
+  struct devs ds;
+  struct dev **order;
+  char buf[4096];
+
+  if (*list == '+') {
+    ncols = parse_fields ("-o", DEFAULT_FIELDS, cols, NULL, MAX_COLUMNS);
+    list++;
+  }
+  ncols += parse_fields ("-o", list, cols + ncols, NULL, MAX_COLUMNS - ncols);
+  if (opts.sort)
+    nkeys = parse_fields ("-O", opts.sort, keys, reverse, MAX_COLUMNS);
+  else
+    keys[nkeys++] = &fields[0], reverse[0] = false;   /* by name */
+  for (size_t i = 0; i < ncols; i++)
+    need_deps |= cols[i]->deps;
+  for (size_t i = 0; i < nkeys; i++)
+    need_deps |= keys[i]->deps;
+  devs_get (c, &ds, name, need_deps);
+  if (opts.json)
+    die ("info -c: --json gives every field already: give one of them");
+  order = malloc ((ds.n + 1) * sizeof *order);
+  if (order == NULL)
+    die ("out of memory");
+  for (size_t i = 0; i < ds.n; i++)
+    order[i] = &ds.d[i];
+  sort_ctx = (struct sort_ctx) { keys, reverse, nkeys, &ds };
+  qsort (order, ds.n, sizeof *order, compare_devs);
+  for (size_t j = 0; j < ncols; j++) {
+    width[j] = (opts.given & O_NOHEADINGS) ? 0 : (int) strlen (cols[j]->heading);
+    if (width[j] < cols[j]->width)
+      width[j] = cols[j]->width;
+    for (size_t i = 0; i < ds.n; i++) {
+      cols[j]->get (&ds, order[i], buf, sizeof buf);
+      if ((int) strlen (buf) > width[j])
+        width[j] = strlen (buf);
+    }
+  }
+  if (!(opts.given & O_NOHEADINGS) && !prefixes)
+    for (size_t j = 0; j < ncols; j++) {
+      bool last = j + 1 == ncols;
+      if (!aligned)
+        printf ("%s%s", cols[j]->heading, last ? "\n" : sep);
+      else if (cols[j]->number)
+        printf ("%*s%s", width[j], cols[j]->heading, last ? "\n" : sep);
+      else
+        printf ("%-*s%s", last ? 0 : width[j], cols[j]->heading,
+                last ? "\n" : sep);
+    }
+  for (size_t i = 0; i < ds.n; i++)
+    for (size_t j = 0; j < ncols; j++) {
+      bool last = j + 1 == ncols;
+      cols[j]->get (&ds, order[i], buf, sizeof buf);
+      if (prefixes)
+        print_prefixed (cols[j], buf);
+      else if (!aligned)
+        printf ("%s", buf);
+      else if (cols[j]->number)
+        printf ("%*s", width[j], buf);
+      else
+        printf ("%-*s", last ? 0 : width[j], buf);
+      printf ("%s", last ? "\n" : sep);
+    }
+  if (ds.n == 0 && name == NULL)
+    printf ("No devices found\n");
+  free (order);
+  devs_free (&ds);
+}
+
+static void
+run_info (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  struct devs ds;
+
+  if (opts.given & O_COLUMNS) {
+    if (opts.fields && strcmp (opts.fields, "help") == 0) {
+      print_field_help ();
+      return;
+    }
+    print_columns (c, argc ? argv[0] : NULL);
+    return;
+  }
+  if (opts.given & (O_OPTIONS | O_NOHEADINGS | O_SEPARATOR | O_SORT |
+                    O_NAMEPREFIXES))
+    die ("info: -o, -O, --noheadings, --separator and --nameprefixes go "
+         "with -c (columns)");
+  devs_get (c, &ds, argc ? argv[0] : NULL, false);
   if (opts.json)
     printf ("{\"devices\": [");
-  for (size_t i = 0; i < n; i++) {
-    char **f = rows[i].f;
-    if (rows[i].n < 9)
-      die ("info: malformed response");
+  for (size_t i = 0; i < ds.n; i++) {
     if (opts.json) {
-      printf ("%s{\"name\": ", i ? ", " : "");
-      json_string (f[0]);
-      printf (", \"state\": \"%s\", \"live_table\": %s, "
-              "\"inactive_table\": %s, \"open_count\": %s, "
-              "\"event_nr\": %s, \"targets\": %s, \"uuid\": ",
-              strcmp (f[1], "SUSPENDED") == 0 ? "SUSPENDED" : "ACTIVE",
-              strcmp (f[2], "1") == 0 ? "true" : "false",
-              strcmp (f[3], "1") == 0 ? "true" : "false",
-              f[4], f[5], f[6]);
-      if (*f[7])
-        json_string (f[7]);
-      else
-        printf ("null");
-      printf (", \"size\": %s, \"holders\": [", f[8]);
-      for (int j = 9; j < rows[i].n; j++)
-        print_holders (f[j], j > 9, true);
-      printf ("]}");
+      printf ("%s", i ? ", " : "");
+      print_info_json (&ds.d[i]);
       continue;
     }
     if (i)
       putchar ('\n');
-    printf ("Name:              %s\n", f[0]);
-    printf ("State:             %s\n", f[1]);
-    printf ("Tables present:    %s\n", tables_present (f[2], f[3]));
-    printf ("Open count:        %s\n", f[4]);
-    if (rows[i].n > 9 && *f[9]) {
-      printf ("Holders:           ");
-      for (int j = 9; j < rows[i].n; j++)
-        print_holders (f[j], j > 9, false);
-      putchar ('\n');
-    }
-    printf ("Event number:      %s\n", f[5]);
-    printf ("Number of targets: %s\n", f[6]);
-    if (*f[7])
-      printf ("UUID: %s\n", f[7]);
+    print_info_block (&ds.d[i]);
   }
   if (opts.json)
     printf ("]}\n");
-  else if (n == 0)
+  else if (ds.n == 0)
     printf ("No devices found\n");
+  devs_free (&ds);
+}
+
+/* -v: dmsetup prints the device's info before its deps, table, status
+ * or the event wait returns.
+ */
+static void
+verbose_info (struct conn *c, const char *name)
+{
+  struct devs ds;
+
+  if (!opts.verbose || opts.json)
+    return;
+  devs_get (c, &ds, name, false);
+  if (ds.n)
+    print_info_block (&ds.d[0]);
+  devs_free (&ds);
+}
+
+/* --- deps, ls --tree, ls ---------------------------------------------- */
+
+static void
+run_deps (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  struct devs ds;
+  bool one = argc == 1;
+
+  if (opts.fields && strcmp (opts.fields, "devname") != 0 &&
+      strcmp (opts.fields, "blkdevname") != 0)
+    die ("deps: -o %s: deps names each backend as its table does (devname); "
+         "nbdmapper backends have no device numbers", opts.fields);
+  devs_get (c, &ds, one ? argv[0] : NULL, true);
+  if (opts.json)
+    printf ("{\"devices\": [");
+  for (size_t i = 0; i < ds.n; i++) {
+    struct dev *d = &ds.d[i];
+    if (opts.json) {
+      printf ("%s{\"name\": ", i ? ", " : "");
+      json_string (d->f[0]);
+      printf (", \"deps\": [");
+      for (size_t k = 0; k < d->nbes; k++) {
+        printf ("%s{\"backend\": ", k ? ", " : "");
+        json_string (d->bes[k].f[0]);
+        printf (", \"kind\": ");
+        json_string (d->bes[k].f[1]);
+        putchar ('}');
+      }
+      printf ("]}");
+      continue;
+    }
+    if (opts.verbose) {
+      print_info_block (d);
+    }
+    else if (!one)
+      printf ("%s: ", d->f[0]);
+    printf ("%zu dependencies\t:", d->nbes);
+    for (size_t k = 0; k < d->nbes; k++)
+      printf (" (%s)", d->bes[k].f[0]);
+    putchar ('\n');
+    if (!one && opts.verbose)
+      putchar ('\n');
+  }
+  if (opts.json)
+    printf ("]}\n");
+  else if (ds.n == 0)
+    printf ("No devices found\n");
+  devs_free (&ds);
+}
+
+/* ls --tree's look: -o ascii|utf, and what to show beside a device. */
+static struct {
+  const char *branch, *vert, *last;
+  bool active, open, rw, uuid;
+} tree = { "\u251c\u2500", "\u2502 ", "\u2514\u2500", false, false, false,
+           false };
+
+static void
+tree_options (void)
+{
+  char *list, *save = NULL;
+
+  if (opts.fields == NULL)
+    return;
+  list = strdup (opts.fields);
+  if (list == NULL)
+    die ("out of memory");
+  for (char *o = strtok_r (list, ",", &save); o;
+       o = strtok_r (NULL, ",", &save)) {
+    if (strcmp (o, "ascii") == 0)
+      tree.branch = "|-", tree.vert = "| ", tree.last = "`-";
+    else if (strcmp (o, "utf") == 0)
+      tree.branch = "\u251c\u2500", tree.vert = "\u2502 ",
+        tree.last = "\u2514\u2500";
+    else if (strcmp (o, "active") == 0)
+      tree.active = true;
+    else if (strcmp (o, "open") == 0)
+      tree.open = true;
+    else if (strcmp (o, "rw") == 0)
+      tree.rw = true;
+    else if (strcmp (o, "uuid") == 0)
+      tree.uuid = true;
+    else if (strcmp (o, "notrunc") == 0 || strcmp (o, "nodevice") == 0)
+      ;                         /* what nbdmsetup does anyway */
+    else if (strcmp (o, "device") == 0 || strcmp (o, "blkdevname") == 0)
+      die ("ls --tree: -o %s: nbdmapper devices have no device numbers or "
+           "block device names (they are NBD exports)", o);
+    else
+      die ("ls --tree: -o %s: not an option here (ascii, utf, active, open, "
+           "rw, uuid, notrunc)", o);
+  }
+  free (list);
+}
+
+/* more[l]: the node at depth l has siblings after it. */
+#define TREE_DEPTH 64
+static void
+tree_node (struct devs *ds, const struct dev *d, const char *leaf,
+           unsigned depth, bool *more)
+{
+  int attr = 0;
+
+  for (unsigned l = 0; l < depth; l++)
+    printf (" %s", l + 1 == depth ? (more[depth] ? tree.branch : tree.last)
+            : more[l + 1] ? tree.vert : "  ");
+  if (leaf) {
+    printf ("%s(%s)\n", depth ? " " : "", leaf);
+    return;
+  }
+  printf ("%s", d->f[0]);
+  if (tree.active)
+    printf ("%s%s", attr++ ? ", " : " [", d->f[1]);
+  if (tree.rw)
+    printf ("%s%s", attr++ ? ", " : " [", is_read_only (d) ? "RO" : "RW");
+  if (tree.open)
+    printf ("%s%s", attr++ ? ", " : " [", d->f[4]);
+  if (tree.uuid)
+    printf ("%s%s", attr++ ? ", " : " [", d->f[7]);
+  printf ("%s\n", attr ? "]" : "");
+  if (depth + 1 >= TREE_DEPTH)
+    die ("ls --tree: stacked more than %d deep", TREE_DEPTH);
+  for (size_t k = 0; k < d->nbes; k++) {
+    const struct row *be = &d->bes[k];
+    const struct dev *child = backend_dev (ds, be);
+    more[depth + 1] = k + 1 < d->nbes;
+    tree_node (ds, child, child ? NULL : be->f[0], depth + 1, more);
+  }
+}
+
+static void
+print_tree (struct conn *c)
+{
+  struct devs ds;
+  bool more[TREE_DEPTH + 1] = { false };
+  size_t nroots = 0, seen = 0;
+  bool *held;
+
+  tree_options ();
+  devs_get (c, &ds, NULL, true);
+  held = calloc (ds.n + 1, sizeof *held);
+  if (held == NULL)
+    die ("out of memory");
+  /* The roots: devices no live table stacks on. */
+  for (size_t i = 0; i < ds.n; i++)
+    for (size_t k = 0; k < ds.d[i].nbes; k++) {
+      const struct dev *child = backend_dev (&ds, &ds.d[i].bes[k]);
+      if (child)
+        held[child - ds.d] = true;
+    }
+  for (size_t i = 0; i < ds.n; i++)
+    nroots += !held[i];
+  for (size_t i = 0; i < ds.n; i++)
+    if (!held[i]) {
+      more[0] = ++seen < nroots;
+      tree_node (&ds, &ds.d[i], NULL, 0, more);
+    }
+  if (ds.n == 0)
+    printf ("No devices found\n");
+  free (held);
+  devs_free (&ds);
+}
+
+/* Does the table text of one device (lines "NAME\tLINE") have a target
+ * of type type?  line is "START LENGTH TYPE ...".
+ */
+static bool
+line_has_target (const char *line, const char *type)
+{
+  size_t n = strlen (type);
+
+  for (int w = 0; w < 2; w++) {
+    line += strcspn (line, " ");
+    line += strspn (line, " ");
+  }
+  return strncmp (line, type, n) == 0 && (line[n] == ' ' || line[n] == '\0');
+}
+
+static void
+run_ls (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char *p;
+  struct row *rows;
+  size_t n, shown = 0;
+
+  if (opts.given & O_TREE) {
+    if (opts.json || opts.target)
+      die ("ls --tree: not with --json or --target");
+    print_tree (c);
+    return;
+  }
+  if (opts.fields)
+    die ("ls: -o goes with --tree");
+  p = call (c, PROTO_CMD_LIST, 0, NULL);
+  n = split_rows (p, &rows);
+  /* --target: the devices with a live target of that type. */
+  char *tp = NULL;
+  struct row *trows = NULL;
+  size_t tn = 0;
+  if (opts.target) {
+    tp = call_flags (c, PROTO_CMD_TABLE, 0, 0, NULL);
+    tn = split_rows (tp, &trows);
+  }
+  if (opts.json)
+    printf ("{\"devices\": [");
+  for (size_t i = 0; i < n; i++) {
+    bool match = opts.target == NULL;
+    if (rows[i].n < 3)
+      die ("ls: malformed response");
+    for (size_t j = 0; j < tn && !match; j++)
+      match = trows[j].n == 2 && strcmp (trows[j].f[0], rows[i].f[0]) == 0 &&
+        line_has_target (trows[j].f[1], opts.target);
+    if (!match)
+      continue;
+    if (opts.json) {
+      printf ("%s{\"name\": ", shown ? ", " : "");
+      json_string (rows[i].f[0]);
+      printf (", \"size\": %s, \"state\": ", rows[i].f[1]);
+      json_string (rows[i].f[2]);
+      putchar ('}');
+    }
+    else
+      printf ("%s\n", rows[i].f[0]);
+    shown++;
+  }
+  if (opts.json)
+    printf ("]}\n");
+  else if (shown == 0)
+    printf ("No devices found\n");
+  free (trows);
+  free (tp);
   free (rows);
+  free (p);
 }
 
 /* Rows "NAME\tFIELD..." grouped by device: a device without anything to
  * show is one row "NAME\t".  Each row with content is printed by item
  * (JSON: one value of the device's KEY array), after "NAME: " when all
- * devices were asked for, as dmsetup does.
+ * devices were asked for, as dmsetup does.  --target keeps the lines of
+ * targets of that type (and the devices that have some).
  */
 static void
-print_grouped (char *p, bool one, const char *key, int nfields,
-               void (*item) (char **f))
+print_grouped (struct conn *c, char *p, bool one, const char *key,
+               int nfields, void (*item) (char **f))
 {
   struct row *rows;
   size_t n = split_rows (p, &rows);
@@ -704,6 +1487,8 @@ print_grouped (char *p, bool one, const char *key, int nfields,
 
     if (some && rows[i].n < nfields + 1)
       die ("%s: malformed response", key);
+    if (opts.target && (!some || !line_has_target (f[1], opts.target)))
+      continue;
     if (opts.json) {
       if (first) {
         printf ("%s{\"name\": ", prev ? "]}, " : "");
@@ -717,11 +1502,16 @@ print_grouped (char *p, bool one, const char *key, int nfields,
       }
     }
     else {
-      if (!one)
+      if (first && opts.verbose) {
+        if (prev)
+          putchar ('\n');
+        verbose_info (c, f[0]);
+      }
+      else if (!one)
         printf ("%s: ", f[0]);
       if (some)
         item (f + 1);
-      else if (!one)
+      else if (!one && !opts.verbose)
         putchar ('\n');
     }
     prev = f[0];
@@ -761,18 +1551,23 @@ backend_item (char **f)
 }
 
 static void
-print_targets (char *p)
+print_targets (char *p, int argc, char **argv)
 {
   struct row *rows;
-  size_t n = split_rows (p, &rows);
+  size_t n = split_rows (p, &rows), shown = 0;
 
   if (opts.json)
     printf ("{\"targets\": [");
   for (size_t i = 0; i < n; i++) {
+    bool match = argc == 0;
     if (rows[i].n < 2)
       die ("targets: malformed response");
+    for (int j = 0; j < argc && !match; j++)
+      match = strcmp (argv[j], rows[i].f[0]) == 0;
+    if (!match)
+      continue;
     if (opts.json) {
-      printf ("%s{\"name\": ", i ? ", " : "");
+      printf ("%s{\"name\": ", shown ? ", " : "");
       json_string (rows[i].f[0]);
       printf (", \"version\": ");
       json_string (rows[i].f[1]);
@@ -780,17 +1575,19 @@ print_targets (char *p)
     }
     else
       printf ("%-16s v%s\n", rows[i].f[0], rows[i].f[1]);
+    shown++;
   }
   if (opts.json)
     printf ("]}\n");
+  /* dmsetup target-version: an unknown target is an error. */
+  for (int j = 0; j < argc; j++) {
+    bool known = false;
+    for (size_t i = 0; i < n && !known; i++)
+      known = strcmp (argv[j], rows[i].f[0]) == 0;
+    if (!known)
+      die ("target-version: unknown target type '%s' (see targets)", argv[j]);
+  }
   free (rows);
-}
-
-static void
-need (int argc, int min, int max, const char *cmd)
-{
-  if (argc < min || argc > max)
-    die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
 }
 
 /* A number of seconds, 0 to a year. */
@@ -807,193 +1604,542 @@ parse_seconds (const char *what, const char *s)
   return v;
 }
 
-/* Parse options (GNU getopt permutes: they may follow the command).
- * In a batch line only the per-command options are allowed.
+/* --- options --------------------------------------------------------------- */
+
+enum {
+  OPT_NOFLUSH = 256, OPT_INACTIVE, OPT_SHOWKEYS, OPT_TABLE, OPT_TIMEOUT,
+  OPT_BACKENDS, OPT_NOHEADINGS, OPT_SEPARATOR, OPT_TARGET, OPT_TREE,
+  OPT_NAMEPREFIXES, OPT_JSON,
+  OPT_IGNORED,                  /* dmsetup's, nothing to do here */
+  OPT_NOT_HERE,                 /* dmsetup's, cannot apply here */
+};
+
+/* dmsetup's options that nbdmsetup takes and ignores (nothing to do:
+ * no udev, no device nodes, no filesystem on the server to freeze) or
+ * refuses (they would do something nbdmapper cannot), saying why.
+ * Their long_opts entries carry OPT_IGNORED or OPT_NOT_HERE.
+ */
+static const struct { const char *name; int has_arg; const char *why; }
+dmsetup_opts[] = {
+  { "nolockfs", no_argument, NULL },
+  { "noopencount", no_argument, NULL },
+  { "noudevrules", no_argument, NULL },
+  { "noudevsync", no_argument, NULL },
+  { "verifyudev", no_argument, NULL },
+  { "addnodeoncreate", no_argument, NULL },
+  { "addnodeonresume", no_argument, NULL },
+  { "udevcookie", required_argument, NULL },
+  { "retry", no_argument, NULL },
+  { "checks", no_argument, NULL },
+  { "major", required_argument, "nbdmapper devices have no device numbers "
+    "(they are NBD exports): name the device, or -u UUID" },
+  { "minor", required_argument, "nbdmapper devices have no device numbers "
+    "(they are NBD exports): name the device, or -u UUID" },
+  { "uid", required_argument, "nbdmapper devices have no device node to "
+    "own: an NBD client (nbd-client, qemu-nbd -c) makes one" },
+  { "gid", required_argument, "nbdmapper devices have no device node to "
+    "own: an NBD client (nbd-client, qemu-nbd -c) makes one" },
+  { "mode", required_argument, "nbdmapper devices have no device node to "
+    "own: an NBD client (nbd-client, qemu-nbd -c) makes one" },
+  { "select", required_argument, "not supported: filter info -c "
+    "--noheadings --separator S output instead" },
+  { "readahead", required_argument, "read-ahead is the NBD client's (e.g. "
+    "blockdev --setra on /dev/nbdN)" },
+  { "deferred", no_argument, "not supported: remove --force swaps in an "
+    "error table at once instead" },
+  { "manglename", required_argument, "names are not mangled: any valid "
+    "name is served as it is" },
+  { "concise", no_argument, "not supported: use table and create --table" },
+  { "exec", required_argument, "not supported: use ls | xargs -n1 CMD" },
+  { "setuuid", no_argument, "a device's uuid is set by create -u" },
+  { "count", required_argument, "not supported: use watch(1)" },
+  { "interval", required_argument, "not supported: use watch(1)" },
+};
+/* Short options of dmsetup that cannot apply, by letter. */
+static const struct { char letter; const char *name; } dmsetup_short[] = {
+  { 'j', "major" }, { 'm', "minor" }, { 'U', "uid" }, { 'G', "gid" },
+  { 'M', "mode" }, { 'S', "select" },
+};
+
+#define SHORT_OPTS "a:cCfhk:no:O:ru:vyVj:m:U:G:M:S:"
+#define NR_DMSETUP_OPTS (sizeof dmsetup_opts / sizeof dmsetup_opts[0])
+static struct option long_opts[32 + NR_DMSETUP_OPTS] = {
+  { "connect", required_argument, NULL, 'a' },
+  { "key", required_argument, NULL, 'k' },
+  { "json", no_argument, NULL, OPT_JSON },
+  { "help", no_argument, NULL, 'h' },
+  { "version", no_argument, NULL, 'V' },
+  { "verbose", no_argument, NULL, 'v' },
+  { "yes", no_argument, NULL, 'y' },
+  { "columns", no_argument, NULL, 'c' },
+  { "options", required_argument, NULL, 'o' },
+  { "sort", required_argument, NULL, 'O' },
+  { "noheadings", no_argument, NULL, OPT_NOHEADINGS },
+  { "separator", required_argument, NULL, OPT_SEPARATOR },
+  { "nameprefixes", no_argument, NULL, OPT_NAMEPREFIXES },
+  { "target", required_argument, NULL, OPT_TARGET },
+  { "tree", no_argument, NULL, OPT_TREE },
+  { "noflush", no_argument, NULL, OPT_NOFLUSH },
+  { "force", no_argument, NULL, 'f' },
+  { "notable", no_argument, NULL, 'n' },
+  { "readonly", no_argument, NULL, 'r' },
+  { "inactive", no_argument, NULL, OPT_INACTIVE },
+  { "showkeys", no_argument, NULL, OPT_SHOWKEYS },
+  { "backends", no_argument, NULL, OPT_BACKENDS },
+  { "uuid", required_argument, NULL, 'u' },
+  { "table", required_argument, NULL, OPT_TABLE },
+  { "timeout", required_argument, NULL, OPT_TIMEOUT },
+  /* dmsetup_opts are added after these by init_long_opts. */
+};
+
+static size_t nr_own_opts;     /* long_opts before dmsetup_opts */
+
+static void
+init_long_opts (void)
+{
+  size_t n = 0;
+
+  while (long_opts[n].name)
+    n++;
+  nr_own_opts = n;
+  assert (n + NR_DMSETUP_OPTS < sizeof long_opts / sizeof long_opts[0]);
+  for (size_t i = 0; i < NR_DMSETUP_OPTS; i++)
+    long_opts[n + i] = (struct option) {
+      dmsetup_opts[i].name, dmsetup_opts[i].has_arg, NULL,
+      dmsetup_opts[i].why ? OPT_NOT_HERE : OPT_IGNORED };
+}
+
+/* The name of the option getopt_long just returned, for messages:
+ * "--force", or "-f" when it was given so.
+ */
+static const char *
+given_name (int opt, int longindex, char *buf, size_t len)
+{
+  if (longindex >= 0)
+    snprintf (buf, len, "--%s", long_opts[longindex].name);
+  else
+    snprintf (buf, len, "-%c", opt);
+  return buf;
+}
+
+/* Parse options (GNU getopt permutes: they may follow the command; --
+ * ends them).  In a batch line only the per-command options are
+ * allowed.  A bad option is one line and "see --help".
  */
 static void
 parse_options (int argc, char *argv[], bool batch_line)
 {
-  enum { OPT_NOFLUSH = 256, OPT_FORCE, OPT_INACTIVE, OPT_SHOWKEYS, OPT_UUID,
-         OPT_TABLE, OPT_TIMEOUT, OPT_BACKENDS };
-  static const struct option long_opts[] = {
-    { "connect", required_argument, NULL, 'c' },
-    { "key", required_argument, NULL, 'k' },
-    { "json", no_argument, NULL, 'j' },
-    { "help", no_argument, NULL, 'h' },
-    { "version", no_argument, NULL, 'V' },
-    { "noflush", no_argument, NULL, OPT_NOFLUSH },
-    { "force", no_argument, NULL, OPT_FORCE },
-    { "inactive", no_argument, NULL, OPT_INACTIVE },
-    { "showkeys", no_argument, NULL, OPT_SHOWKEYS },
-    { "backends", no_argument, NULL, OPT_BACKENDS },
-    { "uuid", required_argument, NULL, OPT_UUID },
-    { "table", required_argument, NULL, OPT_TABLE },
-    { "timeout", required_argument, NULL, OPT_TIMEOUT },
-    { NULL },
-  };
-  int opt;
+  int opt, longindex;
+  char name[64];
 
   optind = 0;                   /* GNU: start afresh (batch lines) */
-  opterr = !batch_line;
-  while ((opt = getopt_long (argc, argv, "c:k:jhV", long_opts,
-                             NULL)) != -1) {
-    if (batch_line && (opt == 'c' || opt == 'k' || opt == 'h' || opt == 'V'))
-      die ("-%c: give it on the command line, not in a batch", opt);
-    if (batch_line && opt == '?') {
-      /* A short option may sit in a cluster (-jx) that optind has not
-       * passed yet: name the letter.  optopt is 0 for an unknown long
-       * option and the option's value (> 255) for a missing argument.
+  opterr = 0;                   /* our message, one line */
+  for (;;) {
+    longindex = -1;
+    /* Options may follow the command, as in dmsetup. */
+    opt = getopt_long (argc, argv, SHORT_OPTS, long_opts, &longindex);
+    if (opt == -1)
+      break;
+    if (batch_line && (opt == 'a' || opt == 'k' || opt == 'h' || opt == 'V'))
+      die ("%s: give it on the command line, not in a batch",
+           given_name (opt, longindex, name, sizeof name));
+    if (opt == '?') {
+      /* optopt: 0 for an unknown long option, the option's value for
+       * a missing argument (> 255 for long-only ones) or the unknown
+       * letter; a letter may sit in a cluster (-fx).
        */
-      if (optopt > 0 && optopt < 256)
-        die ("'-%c': unknown option or missing value", optopt);
-      die ("'%s': unknown option or missing value", argv[optind - 1]);
+      if (optopt == 0)
+        die ("'%s': unknown option (see nbdmsetup --help)", argv[optind - 1]);
+      if (optopt < 256 && strchr (SHORT_OPTS, optopt) == NULL)
+        die ("-%c: unknown option (see nbdmsetup --help)", optopt);
+      if (strncmp (argv[optind - 1], "--", 2) == 0)
+        die ("'%s': missing value (see nbdmsetup --help)", argv[optind - 1]);
+      die ("-%c: missing value (see nbdmsetup --help)", optopt);
     }
+    for (size_t i = 0; i < sizeof dmsetup_short / sizeof dmsetup_short[0];
+         i++)
+      if (opt == dmsetup_short[i].letter)
+        for (size_t j = 0; j < NR_DMSETUP_OPTS; j++)
+          if (strcmp (dmsetup_opts[j].name, dmsetup_short[i].name) == 0)
+            die ("-%c: %s", opt, dmsetup_opts[j].why);
     switch (opt) {
-    case 'c': uri = optarg; break;
+    case 'a': uri = optarg; break;
     case 'k': key_file = optarg; break;
-    case 'j': opts.json = true; break;
+    case OPT_JSON: opts.json = true; break;
     case 'h': usage (stdout, EXIT_SUCCESS);
     case 'V': printf ("nbdmsetup %s\n", PACKAGE_VERSION); exit (EXIT_SUCCESS);
-    case OPT_NOFLUSH: opts.flags |= PROTO_F_NOFLUSH; break;
-    case OPT_FORCE: opts.flags |= PROTO_F_FORCE; break;
-    case OPT_INACTIVE: opts.flags |= PROTO_F_INACTIVE; break;
-    case OPT_SHOWKEYS: opts.flags |= PROTO_F_SHOWKEYS; break;
-    case OPT_BACKENDS: opts.flags |= PROTO_F_BACKENDS; break;
-    case OPT_UUID: opts.uuid = optarg; break;
-    case OPT_TABLE: opts.table_text = optarg; break;
+    case 'v': opts.verbose++; break;
+    case 'y': break;            /* nbdmsetup never asks */
+    case 'c': case 'C': opts.given |= O_COLUMNS; break;
+    case 'o': opts.given |= O_OPTIONS; opts.fields = optarg; break;
+    case 'O': opts.given |= O_SORT; opts.sort = optarg; break;
+    case OPT_NOHEADINGS: opts.given |= O_NOHEADINGS; break;
+    case OPT_SEPARATOR:
+      opts.given |= O_SEPARATOR;
+      opts.separator = optarg;
+      break;
+    case OPT_NAMEPREFIXES: opts.given |= O_NAMEPREFIXES; break;
+    case OPT_TARGET: opts.given |= O_TARGET; opts.target = optarg; break;
+    case OPT_TREE: opts.given |= O_TREE; break;
+    case OPT_NOFLUSH:
+      opts.given |= O_NOFLUSH;
+      opts.flags |= PROTO_F_NOFLUSH;
+      break;
+    case 'f': opts.given |= O_FORCE; opts.flags |= PROTO_F_FORCE; break;
+    case 'n': opts.given |= O_NOTABLE; break;
+    case 'r':
+      opts.given |= O_READONLY;
+      opts.flags |= PROTO_F_READONLY;
+      break;
+    case OPT_INACTIVE:
+      opts.given |= O_INACTIVE;
+      opts.flags |= PROTO_F_INACTIVE;
+      break;
+    case OPT_SHOWKEYS:
+      opts.given |= O_SHOWKEYS;
+      opts.flags |= PROTO_F_SHOWKEYS;
+      break;
+    case OPT_BACKENDS:
+      opts.given |= O_BACKENDS;
+      opts.flags |= PROTO_F_BACKENDS;
+      break;
+    case 'u': opts.given |= O_UUID; opts.uuid = optarg; break;
+    case OPT_TABLE: opts.given |= O_TABLE; opts.table_text = optarg; break;
     case OPT_TIMEOUT: opts.timeout = parse_seconds ("--timeout", optarg); break;
-    default: usage (stderr, EXIT_FAILURE);
+    case OPT_IGNORED: break;
+    case OPT_NOT_HERE:
+      die ("--%s: %s", long_opts[longindex].name,
+           dmsetup_opts[longindex - nr_own_opts].why);
+    default:
+      abort ();
     }
   }
 }
 
-static const struct { const char *name; unsigned code; int min, max; }
-commands[] = {
-  { "version", PROTO_CMD_VERSION, 0, 0 }, { "ls", PROTO_CMD_LIST, 0, 0 },
-  { "create", PROTO_CMD_CREATE, 1, 2 }, { "load", PROTO_CMD_LOAD, 1, 2 },
-  { "reload", PROTO_CMD_LOAD, 1, 2 }, { "clear", PROTO_CMD_CLEAR, 1, 1 },
-  { "suspend", PROTO_CMD_SUSPEND, 1, 1 },
-  { "resume", PROTO_CMD_RESUME, 1, 1 },
-  { "replace", PROTO_CMD_REPLACE, 1, 2 },
-  { "remove", PROTO_CMD_REMOVE, 1, 1 },
-  { "rename", PROTO_CMD_RENAME, 2, 2 }, { "info", PROTO_CMD_INFO, 0, 1 },
-  { "table", PROTO_CMD_TABLE, 0, 1 }, { "status", PROTO_CMD_STATUS, 0, 1 },
-  { "message", PROTO_CMD_MESSAGE, 3, PROTO_MAX_ARGS - 2 },
-  { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
-};
+/* --- verbs ---------------------------------------------------------------- */
 
-/* The options that belong to one command: given to another, they would
- * be ignored without a word.
+static void
+run_version (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  print_version (c);
+}
+
+static void
+run_create (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char *t = NULL;
+  const char *args[3] = { argv[0], opts.uuid ? opts.uuid : "", NULL };
+
+  /* As dmsetup: the table is the file, --table, or standard input,
+   * unless -n (--notable).
+   */
+  if (opts.given & O_NOTABLE) {
+    if (argc == 2 || opts.table_text)
+      die ("create: -n (--notable) and a table: give one of them");
+  }
+  else
+    t = read_table (v->name, argc == 2 ? argv[1] : NULL);
+  args[2] = t;
+  free (call (c, v->code, t ? 3 : 2, args));
+  free (t);
+}
+
+/* load, reload, replace: NAME [TABLE]. */
+static void
+run_load (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char *t = read_table (v->name, argc == 2 ? argv[1] : NULL);
+  const char *args[2] = { argv[0], t };
+
+  free (call (c, v->code, 2, args));
+  free (t);
+}
+
+/* The verbs that send their arguments as they are and print nothing. */
+static void
+run_plain (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  free (call (c, v->code, argc, (const char *const *) argv));
+}
+
+/* remove_all: holders first, so that no device is refused for a table
+ * stacked on it; the first failure stops it, naming what was removed.
  */
 static void
-check_options (const char *cmd, unsigned code, int argc, char *argv[])
+run_remove_all (struct conn *c, const struct verb *v, int argc, char **argv)
 {
-  static const struct { uint32_t flag; const char *name; unsigned code; }
-  flag_opts[] = {
-    { PROTO_F_NOFLUSH, "--noflush", PROTO_CMD_SUSPEND },
-    { PROTO_F_FORCE, "--force", PROTO_CMD_REMOVE },
-    { PROTO_F_INACTIVE, "--inactive", PROTO_CMD_TABLE },
-    { PROTO_F_SHOWKEYS, "--showkeys", PROTO_CMD_TABLE },
-    { PROTO_F_BACKENDS, "--backends", PROTO_CMD_STATUS },
-  };
-  bool takes_table = code == PROTO_CMD_CREATE || code == PROTO_CMD_LOAD ||
-    code == PROTO_CMD_REPLACE;
+  struct devs ds;
+  char *removed = NULL, *note = NULL;
+  size_t removed_len = 0, left;
+  FILE *fp = open_memstream (&removed, &removed_len);
 
-  for (size_t i = 0; i < sizeof flag_opts / sizeof flag_opts[0]; i++)
-    if ((opts.flags & flag_opts[i].flag) && code != flag_opts[i].code)
-      die ("%s is an option of %s", flag_opts[i].name,
-           proto_cmd_name (flag_opts[i].code));
-  if (opts.uuid && code != PROTO_CMD_CREATE)
-    die ("--uuid is an option of create");
-  if (opts.table_text && !takes_table)
-    die ("--table is an option of create, load, reload and replace");
-  /* The table is the argument after NAME or --table, not both. */
-  if (opts.table_text && argc == 2)
-    die ("%s: a table file ('%s') and --table: give one of them", cmd,
-         argv[1]);
+  if (fp == NULL)
+    die ("out of memory");
+  devs_get (c, &ds, NULL, false);
+  for (left = ds.n; left > 0; ) {
+    size_t before = left;
+    for (size_t i = 0; i < ds.n; i++) {
+      struct dev *d = &ds.d[i];
+      const char *args[1] = { d->f[0] };
+      bool held = false;
+      if (d->removed)
+        continue;
+      for (size_t k = 0; k < d->nholders && !held; k++) {
+        struct dev *h = devs_find (&ds, d->holders[k]);
+        held = h && !h->removed;
+      }
+      if (held)
+        continue;
+      if (removed_len) {
+        free (note);
+        if (asprintf (&note, "removed before it: %s", removed) == -1)
+          die ("out of memory");
+        die_note = note;
+      }
+      free (call (c, v->code, 1, args));
+      fprintf (fp, "%s%s", removed_len ? ", " : "", d->f[0]);
+      fflush (fp);
+      d->removed = true;
+      left--;
+    }
+    /* The server refuses cycles: a device was created or renamed
+     * meanwhile.
+     */
+    if (left == before)
+      die ("remove_all: the devices changed meanwhile: run it again");
+  }
+  die_note = NULL;
+  fclose (fp);
+  free (removed);
+  free (note);
+  devs_free (&ds);
+}
+
+/* wipe_table: as dmsetup, the live table becomes one error target of
+ * the same size (replace lets the I/O in flight finish first).
+ */
+static void
+run_wipe_table (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  struct devs ds;
+  char table[64];
+  unsigned long long size;
+  const char *args[2] = { argv[0], table };
+
+  devs_get (c, &ds, argv[0], false);
+  if (ds.n != 1 || *ds.d[0].f[2] != '1')
+    die ("wipe_table %s: no live table", argv[0]);
+  size = strtoull (ds.d[0].f[8], NULL, 10);
+  devs_free (&ds);
+  snprintf (table, sizeof table, "0 %llu error", size / 512);
+  free (call_flags (c, v->code, 0, 2, args));
+}
+
+static void
+run_table_status (struct conn *c, const struct verb *v, int argc,
+                  char **argv)
+{
+  char *p;
+
+  if ((opts.given & O_TARGET) && (opts.given & O_BACKENDS))
+    die ("status: --target and --backends: give one of them");
+  p = call (c, v->code, argc, (const char *const *) argv);
+  if (opts.flags & PROTO_F_BACKENDS)
+    print_grouped (c, p, argc == 1, "backends", 3, backend_item);
+  else
+    print_grouped (c, p, argc == 1, v->name, 1, line_item);
+  free (p);
+}
+
+static void
+run_message (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char *p = call (c, v->code, argc, (const char *const *) argv);
+
+  if (*p)
+    printf ("%s%s", p, p[strlen (p) - 1] == '\n' ? "" : "\n");
+  free (p);
+}
+
+static void
+run_targets (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char *p = call (c, v->code, 0, NULL);
+
+  print_targets (p, argc, argv);
+  free (p);
+}
+
+static void
+run_wait (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char ms[32] = "";
+  const char *args[3] = { argv[0], argc == 2 ? argv[1] : "", ms };
+  char *p;
+
+  if (opts.timeout >= 0)
+    snprintf (ms, sizeof ms, "%lld", (long long) (opts.timeout * 1000));
+  p = call (c, v->code, opts.timeout >= 0 ? 3 : 2, args);
+  if (opts.json)
+    printf ("{\"event_nr\": %s}\n", strtok (p, "\n") ? p : "0");
+  else
+    verbose_info (c, argv[0]);
+  free (p);
+}
+
+static void
+run_help (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  if (opts.given & O_COLUMNS)
+    print_field_help ();
+  else
+    usage (stdout, EXIT_SUCCESS);
+}
+
+static const struct verb verbs[] = {
+#define VERB(name, code, min, max, opts, named, run) \
+  { name, code, min, max, opts, named, run, NULL, false }
+#define NOT_HERE(name, why) { name, 0, 0, 0, 0, false, NULL, why, false }
+#define NO_UDEV "there is no udev here: devices are NBD exports, made " \
+  "without uevents or cookies"
+  VERB ("version", PROTO_CMD_VERSION, 0, 0, 0, false, run_version),
+  VERB ("ls", PROTO_CMD_LIST, 0, 0, O_TARGET | O_TREE | O_OPTIONS, false,
+        run_ls),
+  VERB ("create", PROTO_CMD_CREATE, 1, 2,
+        O_UUID | O_TABLE | O_NOTABLE | O_READONLY, false, run_create),
+  VERB ("load", PROTO_CMD_LOAD, 1, 2, O_TABLE | O_READONLY, true, run_load),
+  VERB ("reload", PROTO_CMD_LOAD, 1, 2, O_TABLE | O_READONLY, true, run_load),
+  VERB ("clear", PROTO_CMD_CLEAR, 1, 1, 0, true, run_plain),
+  VERB ("suspend", PROTO_CMD_SUSPEND, 1, 1, O_NOFLUSH, true, run_plain),
+  VERB ("resume", PROTO_CMD_RESUME, 1, 1, 0, true, run_plain),
+  VERB ("replace", PROTO_CMD_REPLACE, 1, 2, O_TABLE | O_READONLY, true,
+        run_load),
+  VERB ("remove", PROTO_CMD_REMOVE, 1, 1, O_FORCE, true, run_plain),
+  VERB ("remove_all", PROTO_CMD_REMOVE, 0, 0, O_FORCE, false,
+        run_remove_all),
+  VERB ("wipe_table", PROTO_CMD_REPLACE, 1, 1, 0, true, run_wipe_table),
+  VERB ("rename", PROTO_CMD_RENAME, 2, 2, 0, true, run_plain),
+  VERB ("info", PROTO_CMD_INFO, 0, 1, O_COLUMNS | O_OPTIONS | O_SORT |
+        O_NOHEADINGS | O_SEPARATOR | O_NAMEPREFIXES, true, run_info),
+  VERB ("deps", PROTO_CMD_STATUS, 0, 1, O_OPTIONS, true, run_deps),
+  VERB ("table", PROTO_CMD_TABLE, 0, 1, O_INACTIVE | O_SHOWKEYS | O_TARGET,
+        true, run_table_status),
+  VERB ("status", PROTO_CMD_STATUS, 0, 1, O_BACKENDS | O_TARGET, true,
+        run_table_status),
+  VERB ("message", PROTO_CMD_MESSAGE, 3, PROTO_MAX_ARGS - 2, 0, true,
+        run_message),
+  VERB ("targets", PROTO_CMD_TARGETS, 0, 0, 0, false, run_targets),
+  VERB ("target-version", PROTO_CMD_TARGETS, 1, PROTO_MAX_ARGS, 0, false,
+        run_targets),
+  VERB ("wait", PROTO_CMD_WAIT, 1, 2, 0, true, run_wait),
+  { "help", 0, 0, 0, O_COLUMNS, false, run_help, NULL, true },
+  NOT_HERE ("mknodes", "nbdmapper devices are NBD exports, not /dev/mapper "
+            "nodes: an NBD client (nbd-client, qemu-nbd -c) makes a node"),
+  NOT_HERE ("mangle", "names are not mangled: any valid name is served as "
+            "it is"),
+  NOT_HERE ("measure", "IMA measurement is the kernel's: the server has "
+            "none"),
+  NOT_HERE ("splitname", "nbdmapper names are not LVM's VG-LV names: there "
+            "is nothing to split"),
+  NOT_HERE ("setgeometry", "NBD exports have no C/H/S geometry"),
+  NOT_HERE ("udevcomplete", NO_UDEV),
+  NOT_HERE ("udevcomplete_all", NO_UDEV),
+  NOT_HERE ("udevcookies", NO_UDEV),
+  NOT_HERE ("udevcreatecookie", NO_UDEV),
+  NOT_HERE ("udevreleasecookie", NO_UDEV),
+  NOT_HERE ("udevflags", NO_UDEV),
+#undef VERB
+#undef NOT_HERE
+#undef NO_UDEV
+};
+
+/* The names of the O_* options, for messages. */
+static const struct { unsigned bit; const char *name; } opt_names[] = {
+  { O_NOFLUSH, "--noflush" }, { O_FORCE, "--force" },
+  { O_INACTIVE, "--inactive" }, { O_SHOWKEYS, "--showkeys" },
+  { O_BACKENDS, "--backends" }, { O_UUID, "--uuid" },
+  { O_TABLE, "--table" }, { O_NOTABLE, "--notable" },
+  { O_READONLY, "--readonly" }, { O_COLUMNS, "--columns" },
+  { O_OPTIONS, "--options" }, { O_NOHEADINGS, "--noheadings" },
+  { O_SEPARATOR, "--separator" }, { O_TARGET, "--target" },
+  { O_TREE, "--tree" }, { O_SORT, "--sort" },
+  { O_NAMEPREFIXES, "--nameprefixes" },
+};
+
+/* The options that belong to other verbs: given to this one, they
+ * would be ignored without a word.  -u stands for NAME where the verb
+ * takes one.
+ */
+static void
+check_options (const struct verb *v)
+{
+  unsigned bad = opts.given & ~(v->opts | (v->named ? O_UUID : 0));
+
+  for (size_t i = 0; i < sizeof opt_names / sizeof opt_names[0]; i++)
+    if (bad & opt_names[i].bit) {
+      char takers[256] = "";
+      size_t at = 0;
+      for (size_t j = 0; j < sizeof verbs / sizeof verbs[0]; j++)
+        if ((verbs[j].opts & opt_names[i].bit) && at < sizeof takers)
+          at += snprintf (takers + at, sizeof takers - at, "%s%s",
+                          at ? ", " : "", verbs[j].name);
+      die ("%s is an option of %s%s", opt_names[i].name, takers, opt_names[i].bit == O_UUID
+           ? " and of the commands that take a NAME" : "");
+    }
 }
 
 /* Check a command's name, arguments and options (before connecting). */
-static unsigned
-command_code (const char *cmd, int argc, char *argv[])
+static const struct verb *
+find_verb (const char *cmd, int argc, char *argv[])
 {
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (strcmp (cmd, commands[i].name) == 0) {
-      need (argc, commands[i].min, commands[i].max, cmd);
-      check_options (cmd, commands[i].code, argc, argv);
-      return commands[i].code;
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
+    const struct verb *v = &verbs[i];
+    int min = v->min, max = v->max;
+    if (strcmp (cmd, v->name) != 0)
+      continue;
+    if (v->run == NULL)
+      die ("%s: not for nbdmapper: %s", cmd, v->why_not);
+    check_options (v);
+    /* -u UUID stands for NAME. */
+    if (v->named && opts.uuid) {
+      if (max == 1 && argc == 1)
+        die ("%s: -u %s and NAME '%s': give one of them", cmd, opts.uuid,
+             argv[0]);
+      min = min ? min - 1 : 0;
+      max = max - 1;
     }
+    if (argc < min || argc > max)
+      die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
+    /* The table is the argument after NAME or --table, not both. */
+    if (opts.table_text && argc == max && argc > min)
+      die ("%s: a table file ('%s') and --table: give one of them", cmd,
+           argv[argc - 1]);
+    return v;
+  }
   die ("unknown command '%s' (see nbdmsetup --help)", cmd);
 }
 
 /* Run one checked command: argv holds its arguments after the name. */
 static void
-run_command (struct conn *c, const char *cmd, unsigned code, int argc,
-             char *argv[])
+run_command (struct conn *c, const struct verb *v, int argc, char *argv[])
 {
-  char *p = NULL;
+  char *name = NULL;
+  char **args = argv;
 
-  switch (code) {
-  case PROTO_CMD_VERSION:
-    print_version (c);
-    break;
-  case PROTO_CMD_LIST:
-    p = call (c, code, 0, NULL);
-    print_ls (p);
-    break;
-  case PROTO_CMD_INFO:
-    p = call (c, code, argc, (const char *const *) argv);
-    print_info (p);
-    break;
-  case PROTO_CMD_TABLE: case PROTO_CMD_STATUS:
-    p = call (c, code, argc, (const char *const *) argv);
-    if (opts.flags & PROTO_F_BACKENDS)
-      print_grouped (p, argc == 1, "backends", 3, backend_item);
-    else
-      print_grouped (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status",
-                     1, line_item);
-    break;
-  case PROTO_CMD_TARGETS:
-    p = call (c, code, 0, NULL);
-    print_targets (p);
-    break;
-  case PROTO_CMD_CREATE: {
-    char *t = NULL;
-    const char *args[3] = { argv[0], opts.uuid ? opts.uuid : "", NULL };
-    if (argc == 2 || opts.table_text)
-      t = read_table (cmd, argc == 2 ? argv[1] : NULL);
-    args[2] = t;
-    p = call (c, code, t ? 3 : 2, args);
-    free (t);
-    break;
+  if (v->named && opts.uuid) {
+    /* NAME := the device with that uuid, before the other arguments. */
+    name = name_of_uuid (c, opts.uuid);
+    args = malloc ((argc + 2) * sizeof *args);
+    if (args == NULL)
+      die ("out of memory");
+    args[0] = name;
+    memcpy (args + 1, argv, (argc + 1) * sizeof *args);
+    argc++;
   }
-  case PROTO_CMD_LOAD: case PROTO_CMD_REPLACE: {
-    char *t = read_table (cmd, argc == 2 ? argv[1] : NULL);
-    const char *args[2] = { argv[0], t };
-    p = call (c, code, 2, args);
-    free (t);
-    break;
-  }
-  case PROTO_CMD_WAIT: {
-    char ms[32] = "";
-    const char *args[3] = { argv[0], argc == 2 ? argv[1] : "", ms };
-    if (opts.timeout >= 0)
-      snprintf (ms, sizeof ms, "%lld", (long long) (opts.timeout * 1000));
-    p = call (c, code, opts.timeout >= 0 ? 3 : 2, args);
-    if (opts.json)
-      printf ("{\"event_nr\": %s}\n", strtok (p, "\n") ? p : "0");
-    break;
-  }
-  case PROTO_CMD_MESSAGE:
-    p = call (c, code, argc, (const char *const *) argv);
-    if (*p)
-      printf ("%s%s", p, p[strlen (p) - 1] == '\n' ? "" : "\n");
-    break;
-  default:
-    p = call (c, code, argc, (const char *const *) argv);
-    break;
-  }
-  free (p);
+  v->run (c, v, argc, args);
+  if (args != argv)
+    free (args);
+  free (name);
   if (fflush (stdout) == EOF)
     die ("standard output: %s", strerror (errno));
 }
@@ -1082,8 +2228,8 @@ run_batch (struct conn *c, const char *file)
     if (strcmp (cmd, "batch") == 0)
       die ("batch: not a command of a batch");
     int argc = n + 1 - optind - 1;
-    unsigned code = command_code (cmd, argc, words + optind + 1);
-    run_command (c, cmd, code, argc, words + optind + 1);
+    const struct verb *v = find_verb (cmd, argc, words + optind + 1);
+    run_command (c, v, argc, words + optind + 1);
   }
   batch_file = NULL;
   if (ferror (fp))
@@ -1097,8 +2243,8 @@ int
 main (int argc, char *argv[])
 {
   struct conn c = { NULL };
+  const struct verb *v = NULL;
   const char *cmd, *env;
-  unsigned code = 0;
 
   uri = getenv ("NBDMSETUP_URI");
   key_file = getenv ("NBDMSETUP_KEY");
@@ -1108,6 +2254,7 @@ main (int argc, char *argv[])
     default_timeout = parse_seconds ("$NBDMSETUP_TIMEOUT", env);
     default_from_env = true;
   }
+  init_long_opts ();
   parse_options (argc, argv, false);
   argv += optind;
   argc -= optind;
@@ -1115,20 +2262,26 @@ main (int argc, char *argv[])
     die ("no command (see nbdmsetup --help)");
   cmd = *argv++;
   argc--;
-  if (uri == NULL)
-    die ("no control export: use --connect URI or $NBDMSETUP_URI");
 
   /* Check the arguments before connecting. */
-  if (strcmp (cmd, "batch") == 0)
-    need (argc, 0, 1, cmd);
+  if (strcmp (cmd, "batch") == 0) {
+    if (argc > 1)
+      die ("batch: wrong number of arguments (see nbdmsetup --help)");
+  }
   else
-    code = command_code (cmd, argc, argv);
+    v = find_verb (cmd, argc, argv);
+  if (v && v->local) {
+    v->run (NULL, v, argc, argv);
+    return EXIT_SUCCESS;
+  }
+  if (uri == NULL)
+    die ("no control export: use --connect URI (-a URI) or $NBDMSETUP_URI");
 
-  connect_control (&c, code);
-  if (code == 0)
+  connect_control (&c, v ? v->code : 0);
+  if (v == NULL)
     run_batch (&c, argc ? argv[0] : NULL);
   else
-    run_command (&c, cmd, code, argc, argv);
+    run_command (&c, v, argc, argv);
   disconnect (&c);
   return EXIT_SUCCESS;
 }
