@@ -1146,7 +1146,7 @@ print_columns (struct conn *c, const char *name)
         width[j] = strlen (buf);
     }
   }
-  if (!(opts.given & O_NOHEADINGS) && !prefixes)
+  if (!(opts.given & O_NOHEADINGS) && !prefixes && ds.n)
     for (size_t j = 0; j < ncols; j++) {
       bool last = j + 1 == ncols;
       if (!aligned)
@@ -2024,14 +2024,14 @@ static const struct verb verbs[] = {
   VERB ("deps", PROTO_CMD_STATUS, 0, 1, O_OPTIONS, true, run_deps),
   VERB ("table", PROTO_CMD_TABLE, 0, 1, O_INACTIVE | O_SHOWKEYS | O_TARGET,
         true, run_table_status),
-  VERB ("status", PROTO_CMD_STATUS, 0, 1, O_BACKENDS | O_TARGET, true,
-        run_table_status),
+  VERB ("status", PROTO_CMD_STATUS, 0, 1, O_BACKENDS | O_TARGET | O_NOFLUSH,
+        true, run_table_status),
   VERB ("message", PROTO_CMD_MESSAGE, 3, PROTO_MAX_ARGS - 2, 0, true,
         run_message),
   VERB ("targets", PROTO_CMD_TARGETS, 0, 0, 0, false, run_targets),
   VERB ("target-version", PROTO_CMD_TARGETS, 1, PROTO_MAX_ARGS, 0, false,
         run_targets),
-  VERB ("wait", PROTO_CMD_WAIT, 1, 2, 0, true, run_wait),
+  VERB ("wait", PROTO_CMD_WAIT, 1, 2, O_NOFLUSH, true, run_wait),
   { "help", 0, 0, 0, O_COLUMNS, false, run_help, NULL, true },
   NOT_HERE ("mknodes", "nbdmapper devices are NBD exports, not /dev/mapper "
             "nodes: an NBD client (nbd-client, qemu-nbd -c) makes a node"),
