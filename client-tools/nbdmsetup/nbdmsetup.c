@@ -1999,6 +1999,8 @@ run_help (struct conn *c, const struct verb *v, int argc, char **argv)
 static const struct verb verbs[] = {
 #define VERB(name, code, min, max, opts, named, run) \
   { name, code, min, max, opts, named, run, NULL, false }
+#define LOCAL_VERB(name, min, max, opts, run) \
+  { name, 0, min, max, opts, false, run, NULL, true }
 #define NOT_HERE(name, why) { name, 0, 0, 0, 0, false, NULL, why, false }
 #define NO_UDEV "there is no udev here: devices are NBD exports, made " \
   "without uevents or cookies"
@@ -2032,7 +2034,7 @@ static const struct verb verbs[] = {
   VERB ("target-version", PROTO_CMD_TARGETS, 1, PROTO_MAX_ARGS, 0, false,
         run_targets),
   VERB ("wait", PROTO_CMD_WAIT, 1, 2, O_NOFLUSH, true, run_wait),
-  { "help", 0, 0, 0, O_COLUMNS, false, run_help, NULL, true },
+  LOCAL_VERB ("help", 0, 0, O_COLUMNS, run_help),
   NOT_HERE ("mknodes", "nbdmapper devices are NBD exports, not /dev/mapper "
             "nodes: an NBD client (nbd-client, qemu-nbd -c) makes a node"),
   NOT_HERE ("mangle", "names are not mangled: any valid name is served as "
@@ -2049,6 +2051,7 @@ static const struct verb verbs[] = {
   NOT_HERE ("udevreleasecookie", NO_UDEV),
   NOT_HERE ("udevflags", NO_UDEV),
 #undef VERB
+#undef LOCAL_VERB
 #undef NOT_HERE
 #undef NO_UDEV
 };
