@@ -824,28 +824,17 @@ print_info_json (const struct dev *d)
 }
 
 /* info -c: dmsetup's report fields that apply (see nbdmsetup(8)).  A
- * field's value is made into buf.
+ * field's value is column col of the info row, or made by get into buf.
  */
 struct field {
   const char *id, *heading;
   int width;                    /* at least, as dmsetup's */
   bool number;                  /* right-aligned, sorted as numbers */
   bool deps;                    /* needs the backends */
+  int col;
   void (*get) (struct devs *ds, const struct dev *d, char *buf, size_t len);
   const char *help;
 };
-
-static void
-f_name (struct devs *ds, const struct dev *d, char *buf, size_t len)
-{
-  snprintf (buf, len, "%s", d->f[0]);
-}
-
-static void
-f_uuid (struct devs *ds, const struct dev *d, char *buf, size_t len)
-{
-  snprintf (buf, len, "%s", d->f[7]);
-}
 
 static void
 f_attr (struct devs *ds, const struct dev *d, char *buf, size_t len)
@@ -876,24 +865,6 @@ static void
 f_readonly (struct devs *ds, const struct dev *d, char *buf, size_t len)
 {
   snprintf (buf, len, "%s", is_read_only (d) ? "Read-only" : "Writeable");
-}
-
-static void
-f_open (struct devs *ds, const struct dev *d, char *buf, size_t len)
-{
-  snprintf (buf, len, "%s", d->f[4]);
-}
-
-static void
-f_segments (struct devs *ds, const struct dev *d, char *buf, size_t len)
-{
-  snprintf (buf, len, "%s", d->f[6]);
-}
-
-static void
-f_events (struct devs *ds, const struct dev *d, char *buf, size_t len)
-{
-  snprintf (buf, len, "%s", d->f[5]);
 }
 
 static void
@@ -949,34 +920,44 @@ f_names_using (struct devs *ds, const struct dev *d, char *buf, size_t len)
 }
 
 static const struct field fields[] = {
-  { "name", "Name", 16, false, false, f_name, "Name of the device." },
-  { "uuid", "UUID", 32, false, false, f_uuid,
+  { "name", "Name", 16, false, false, 0, NULL, "Name of the device." },
+  { "uuid", "UUID", 32, false, false, 7, NULL,
     "Unique (optional) identifier of the device." },
-  { "attr", "Stat", 4, false, false, f_attr,
+  { "attr", "Stat", 4, false, false, -1, f_attr,
     "(L)ive, (I)nactive, (s)uspended, (r)ead-only, read-(w)rite." },
-  { "tables_loaded", "Tables", 6, false, false, f_tables,
+  { "tables_loaded", "Tables", 6, false, false, -1, f_tables,
     "Which of the live and inactive table slots are filled." },
-  { "suspended", "Suspended", 9, false, false, f_suspended,
+  { "suspended", "Suspended", 9, false, false, -1, f_suspended,
     "Whether the device is suspended." },
-  { "readonly", "Read-only", 9, false, false, f_readonly,
+  { "readonly", "Read-only", 9, false, false, -1, f_readonly,
     "Whether the device is read-only or writeable." },
-  { "open", "Open", 4, true, false, f_open,
+  { "open", "Open", 4, true, false, 4, NULL,
     "Number of NBD client connections to the device." },
-  { "segments", "Targ", 4, true, false, f_segments,
+  { "segments", "Targ", 4, true, false, 6, NULL,
     "Number of targets in the live table." },
-  { "events", "Event", 6, true, false, f_events,
+  { "events", "Event", 6, true, false, 5, NULL,
     "Number of the most recent event." },
-  { "device_count", "#Devs", 5, true, true, f_device_count,
+  { "device_count", "#Devs", 5, true, true, -1, f_device_count,
     "Number of backends the live table uses." },
-  { "devs_used", "DevNamesUsed", 16, false, true, f_devs_used,
+  { "devs_used", "DevNamesUsed", 16, false, true, -1, f_devs_used,
     "Devices of this server the live table uses (mapper:NAME)." },
-  { "blkdevs_used", "BlkDevNamesUsed", 16, false, true, f_blkdevs_used,
+  { "blkdevs_used", "BlkDevNamesUsed", 16, false, true, -1, f_blkdevs_used,
     "Files, block devices and NBD URIs the live table uses." },
-  { "device_ref_count", "#Refs", 5, true, false, f_ref_count,
+  { "device_ref_count", "#Refs", 5, true, false, -1, f_ref_count,
     "Number of devices whose tables stack on this one." },
-  { "names_using_dev", "RefNames", 8, false, false, f_names_using,
+  { "names_using_dev", "RefNames", 8, false, false, -1, f_names_using,
     "Devices whose tables stack on this one." },
 };
+
+static void
+field_value (const struct field *f, struct devs *ds, const struct dev *d,
+             char *buf, size_t len)
+{
+  if (f->get)
+    f->get (ds, d, buf, len);
+  else
+    snprintf (buf, len, "%s", d->f[f->col]);
+}
 #define NR_FIELDS (sizeof fields / sizeof fields[0])
 #define DEFAULT_FIELDS "name,attr,open,segments,events,uuid"
 
@@ -1063,8 +1044,8 @@ compare_devs (const void *a, const void *b)
   for (size_t k = 0; k < sort_ctx.nkeys; k++) {
     const struct field *f = sort_ctx.keys[k];
     int r;
-    f->get (sort_ctx.ds, x, u, sizeof u);
-    f->get (sort_ctx.ds, y, v, sizeof v);
+    field_value (f, sort_ctx.ds, x, u, sizeof u);
+    field_value (f, sort_ctx.ds, y, v, sizeof v);
     if (f->number) {
       unsigned long long m = strtoull (u, NULL, 10), n = strtoull (v, NULL, 10);
       r = m < n ? -1 : m > n;
@@ -1141,7 +1122,7 @@ print_columns (struct conn *c, const char *name)
     if (width[j] < cols[j]->width)
       width[j] = cols[j]->width;
     for (size_t i = 0; i < ds.n; i++) {
-      cols[j]->get (&ds, order[i], buf, sizeof buf);
+      field_value (cols[j], &ds, order[i], buf, sizeof buf);
       if ((int) strlen (buf) > width[j])
         width[j] = strlen (buf);
     }
@@ -1160,7 +1141,7 @@ print_columns (struct conn *c, const char *name)
   for (size_t i = 0; i < ds.n; i++)
     for (size_t j = 0; j < ncols; j++) {
       bool last = j + 1 == ncols;
-      cols[j]->get (&ds, order[i], buf, sizeof buf);
+      field_value (cols[j], &ds, order[i], buf, sizeof buf);
       if (prefixes)
         print_prefixed (cols[j], buf);
       else if (!aligned)
