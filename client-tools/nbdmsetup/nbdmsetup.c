@@ -1166,6 +1166,10 @@ find_verb (const char *cmd, int argc, char *argv[])
            argv[argc - 1]);
     return v;
   }
+  /* nbdmsetup -c URI ls, from before -c was dmsetup's --columns. */
+  if (strstr (cmd, "://"))
+    die ("unknown command '%s': the control export is -a URI (--connect); "
+         "-c is --columns, as in dmsetup", cmd);
   die ("unknown command '%s' (see nbdmsetup --help)", cmd);
 }
 

@@ -42,6 +42,9 @@ exactly "nbdmsetup: no control export: use --connect URI (-a URI) or \$NBDMSETUP
     env -u NBDMSETUP_URI "$NBDMSETUP" ls
 ms --json ls | python3 -c 'import json, sys; json.load(sys.stdin)' || die "--json"
 ms --help | grep -q '^  -a, --connect URI' || die "--help: no -a"
+# The old spelling says what the new one is.
+exactly "nbdmsetup: unknown command '$ctl': the control export is -a URI (--connect); -c is --columns, as in dmsetup" \
+    ms -c "$ctl" ls
 
 # --- info -c: dmsetup's columns and field names.
 ms create st -u ST-UUID --table "0 1024 linear mapper:d1 0
@@ -90,6 +93,19 @@ exactly "nbdmsetup: info -c: --json gives every field already: give one of them"
 ms info -u ST-UUID | grep -qx 'Name:              st' || die "info -u"
 [ "$(ms table -u TOP)" = "0 2048 linear mapper:st 0" ] || die "table -u"
 [ "$(ms --uuid TOP deps)" = "1 dependencies	: (mapper:st)" ] || die "deps --uuid"
+ms suspend -u TOP
+ms info top | grep -qx 'State:             SUSPENDED' || die "suspend -u"
+ms load -u TOP --table "0 2048 linear mapper:st 0"
+ms info top | grep -qx 'Tables present:    LIVE & INACTIVE' || die "load -u"
+ms clear -u TOP
+ms resume -u TOP
+ms info top | grep -qx 'State:             ACTIVE' || die "resume -u"
+ms rename -u TOP top2
+ms info top2 | grep -qx 'UUID: TOP' || die "rename -u"
+ms rename -u TOP top
+ev=$(ms info -c --noheadings -o events top | tr -d ' ')
+fails '^nbdmsetup: wait: .*timed out' ms wait -u TOP "$ev" --timeout 0.1
+ms status -u ST-UUID | grep -q '^1024 1024 linear' || die "status -u"
 exactly "nbdmsetup: -u NOPE: no device has this uuid" ms info -u NOPE
 exactly "nbdmsetup: info: -u TOP and NAME 'st': give one of them" \
     ms info -u TOP st
