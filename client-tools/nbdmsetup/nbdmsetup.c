@@ -1120,11 +1120,27 @@ static const struct { unsigned bit; const char *name; } opt_names[] = {
  * would be ignored without a word.  -u stands for NAME where the verb
  * takes one.
  */
+/* Options dmsetup takes on a verb where nbdmsetup cannot, and why. */
+static const struct { const char *verb; unsigned bit; const char *why; }
+not_here_opts[] = {
+  { "resume", O_NOFLUSH, "not supported: resume flushes what the live "
+    "table wrote before the swap, so that no acknowledged write is lost "
+    "(suspend --noflush skips the suspend's flush)" },
+  { "wipe_table", O_NOFLUSH, "not supported: the swap flushes what the "
+    "live table wrote, so that no acknowledged write is lost" },
+};
+
 static void
 check_options (const struct verb *v)
 {
   unsigned bad = opts.given & ~(v->opts | (v->named ? O_UUID : 0));
 
+  for (size_t i = 0; i < sizeof not_here_opts / sizeof not_here_opts[0]; i++)
+    if ((bad & not_here_opts[i].bit) && strcmp (v->name,
+                                                 not_here_opts[i].verb) == 0)
+      for (size_t j = 0; j < sizeof opt_names / sizeof opt_names[0]; j++)
+        if (opt_names[j].bit == not_here_opts[i].bit)
+          die ("%s %s: %s", v->name, opt_names[j].name, not_here_opts[i].why);
   for (size_t i = 0; i < sizeof opt_names / sizeof opt_names[0]; i++)
     if (bad & opt_names[i].bit) {
       char takers[256] = "";

@@ -83,14 +83,16 @@ fails "load: a table file \('d1'\) and --table: give one of them" \
     ms load d1 --uuid u --table "0 8 zero"
 fails "--table is an option of create, load" ms info d1 --table "0 8 zero"
 fails "--table is an option of create, load" ms resume d1 --table "0 8 zero"
-fails "--noflush is an option of suspend" ms resume --noflush d1
+fails "resume --noflush: not supported: resume flushes what the live table wrote" \
+    ms resume --noflush d1
+fails "--noflush is an option of suspend, status, wait" ms clear --noflush d1
 fails "--force is an option of remove" ms suspend --force d1
 fails "--inactive is an option of table" ms status --inactive d1
 fails "--showkeys is an option of table" ms info --showkeys d1
 fails "wrong number of arguments" ms replace d1 "$tmpdir/zero.table" extra
 fails "wrong number of arguments" ms info d1 d2
 fails "wrong number of arguments" ms ls d1
-echo "resume --noflush d1" > "$tmpdir/opt.batch"
+echo "clear --noflush d1" > "$tmpdir/opt.batch"
 fails "$tmpdir/opt.batch:1: --noflush is an option of suspend" \
     ms batch "$tmpdir/opt.batch"
 unchanged arguments
