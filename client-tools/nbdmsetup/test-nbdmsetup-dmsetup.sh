@@ -183,6 +183,12 @@ ms -v table z > "$tmpdir/v.out"
 head -1 "$tmpdir/v.out" | grep -qx 'Name:              z' || die "-v table: $(cat "$tmpdir/v.out")"
 tail -2 "$tmpdir/v.out" | head -1 | grep -qx '0 8 zero' || die "-v table lines"
 ms -v deps z | tail -1 | grep -qx "1 dependencies	: ($b)" || die "-v deps"
+ev=$(ms info -c --noheadings -o events z | tr -d ' ')
+ms replace z --table "0 8 zero
+8 8 linear $b 0"
+ms -v wait z "$ev" --timeout 5 > "$tmpdir/v.out"
+grep -qx 'Name:              z' "$tmpdir/v.out" && grep -qx "Event number:      $((ev + 1))" "$tmpdir/v.out" ||
+    die "-v wait: $(cat "$tmpdir/v.out")"
 ms -y remove nt
 ms suspend --nolockfs --noudevsync z
 ms resume --addnodeonresume z
