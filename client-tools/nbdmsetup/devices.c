@@ -6,6 +6,8 @@
  */
 #include <config.h>
 
+#include <langinfo.h>
+#include <locale.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -461,9 +463,15 @@ print_columns (struct conn *c, const char *name)
   const struct field *cols[MAX_COLUMNS], *keys[MAX_COLUMNS];
   bool reverse[MAX_COLUMNS];
   const char *list = opts.fields ? opts.fields : DEFAULT_FIELDS;
-  const char *sep = opts.separator ? opts.separator : " ";
-  bool aligned = opts.separator == NULL;
   bool prefixes = opts.given & O_NAMEPREFIXES;
+  bool headings = !(opts.given & O_NOHEADINGS) && !prefixes;
+  /* As dmsetup: --noheadings alone means ':' between the values, for
+   * scripts (its "old dmsetup behaviour"); --separator and
+   * --nameprefixes do not align either.
+   */
+  const char *sep = opts.separator ? opts.separator : headings || prefixes
+    ? " " : ":";
+  bool aligned = opts.separator == NULL && headings;
   size_t ncols = 0, nkeys = 0;
   int width[MAX_COLUMNS];
   bool need_deps = false;
@@ -495,7 +503,7 @@ print_columns (struct conn *c, const char *name)
   sort_ctx = (struct sort_ctx) { keys, reverse, nkeys, &ds };
   qsort (order, ds.n, sizeof *order, compare_devs);
   for (size_t j = 0; j < ncols; j++) {
-    width[j] = (opts.given & O_NOHEADINGS) ? 0 : (int) strlen (cols[j]->heading);
+    width[j] = headings ? (int) strlen (cols[j]->heading) : 0;
     if (width[j] < cols[j]->width)
       width[j] = cols[j]->width;
     for (size_t i = 0; i < ds.n; i++) {
@@ -504,7 +512,7 @@ print_columns (struct conn *c, const char *name)
         width[j] = strlen (buf);
     }
   }
-  if (!(opts.given & O_NOHEADINGS) && !prefixes && ds.n)
+  if (headings && ds.n)
     for (size_t j = 0; j < ncols; j++) {
       bool last = j + 1 == ncols;
       if (!aligned)
@@ -638,18 +646,32 @@ run_deps (struct conn *c, const struct verb *v, int argc, char **argv)
   devs_free (&ds);
 }
 
-/* ls --tree's look: -o ascii|utf, and what to show beside a device. */
+/* ls --tree's look: -o ascii|utf (default: utf where the locale's
+ * character set is UTF-8, as dmsetup), and what to show beside a device.
+ */
 static struct {
   const char *branch, *vert, *last;
   bool active, open, rw, uuid;
-} tree = { "\u251c\u2500", "\u2502 ", "\u2514\u2500", false, false, false,
-           false };
+} tree;
+
+static void
+tree_symbols (bool utf)
+{
+  if (utf)
+    tree.branch = "\u251c\u2500", tree.vert = "\u2502 ",
+      tree.last = "\u2514\u2500";
+  else
+    tree.branch = "|-", tree.vert = "| ", tree.last = "`-";
+}
 
 static void
 tree_options (void)
 {
   char *list, *save = NULL;
 
+  /* LC_CTYPE only: numbers (--timeout 0.5) stay C's. */
+  setlocale (LC_CTYPE, "");
+  tree_symbols (strcmp (nl_langinfo (CODESET), "UTF-8") == 0);
   if (opts.fields == NULL)
     return;
   list = strdup (opts.fields);
@@ -657,11 +679,8 @@ tree_options (void)
     die ("out of memory");
   for (char *o = strtok_r (list, ",", &save); o;
        o = strtok_r (NULL, ",", &save)) {
-    if (strcmp (o, "ascii") == 0)
-      tree.branch = "|-", tree.vert = "| ", tree.last = "`-";
-    else if (strcmp (o, "utf") == 0)
-      tree.branch = "\u251c\u2500", tree.vert = "\u2502 ",
-        tree.last = "\u2514\u2500";
+    if (strcmp (o, "ascii") == 0 || strcmp (o, "utf") == 0)
+      tree_symbols (*o == 'u');
     else if (strcmp (o, "active") == 0)
       tree.active = true;
     else if (strcmp (o, "open") == 0)

@@ -63,11 +63,15 @@ empty,0,,,,0,0
 st,2,d1,$b,top,1,2
 top,1,st,,,0,1" ] || die "info -c -o deps fields:
 $(ms info -c --noheadings --separator , -o name,segments,devs_used,blkdevs_used,names_using_dev,device_ref_count,device_count)"
-[ "$(ms info -c -o name,tables_loaded,suspended,readonly -O -name --noheadings)" = "top              Live   Active    Writeable
+[ "$(ms info -c -o name,tables_loaded,suspended,readonly -O -name)" = "Name             Tables Suspended Read-only
+top              Live   Active    Writeable
 st               Live   Active    Writeable
 empty            None   Suspended Writeable
 d1               Live   Active    Writeable" ] ||
-    die "info -c -O -name: $(ms info -c -o name,tables_loaded,suspended,readonly -O -name --noheadings)"
+    die "info -c -O -name: $(ms info -c -o name,tables_loaded,suspended,readonly -O -name)"
+# --noheadings alone: ':' between the values, not aligned, as dmsetup.
+[ "$(ms info -c --noheadings -o name,open,attr st)" = "st:0:L--w" ] ||
+    die "--noheadings: $(ms info -c --noheadings -o name,open,attr st)"
 [ "$(ms info -c -o +open --noheadings --separator ' ' -O segments,name | head -3)" = "empty --sw 0 0 0  0
 d1 L--w 0 1 1  0
 top L--w 0 1 1 TOP 0" ] || die "-o +FIELD, -O: $(ms info -c -o +open --noheadings --separator ' ' -O segments,name)"
@@ -134,8 +138,12 @@ expect="top
     │  └─ ($a)
     └─ ($b)
 empty"
-[ "$(ms ls --tree)" = "$expect" ] || die "ls --tree:
-$(ms ls --tree)"
+# UTF-8 lines where the locale's character set is UTF-8, as dmsetup.
+[ "$(LC_ALL=C.UTF-8 ms ls --tree)" = "$expect" ] || die "ls --tree:
+$(LC_ALL=C.UTF-8 ms ls --tree)"
+[ "$(LC_ALL=C ms ls --tree -o utf)" = "$expect" ] || die "ls --tree -o utf"
+[ "$(LC_ALL=C ms ls --tree)" = "$(LC_ALL=C.UTF-8 ms ls --tree -o ascii)" ] ||
+    die "ls --tree in the C locale: $(LC_ALL=C ms ls --tree)"
 [ "$(ms ls --tree -o ascii,rw,open,uuid,active)" = "top [ACTIVE, RW, 0, TOP]
  \`-st [ACTIVE, RW, 0, ST-UUID]
     |-d1 [ACTIVE, RW, 0, ]

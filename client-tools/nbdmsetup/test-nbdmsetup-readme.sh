@@ -69,6 +69,6 @@ cat "$tmpdir/out"
 # What the comments promise.
 grep -q '^State:             ACTIVE (READ-ONLY)$' "$tmpdir/out" || die "info ro"
 grep -qx '1 dependencies	: (mapper:data)' "$tmpdir/out" || die "deps top"
-grep -qx '^ └─data' "$tmpdir/out" || die "ls --tree"
+grep -Eqx ' (└─|`-)data' "$tmpdir/out" || die "ls --tree"
 grep -qx '536870912' "$tmpdir/out" || die "nbdsh"
 echo "$0: ok"

@@ -26,7 +26,7 @@ uri () { echo "nbd+unix:///$1?socket=$sock"; }
 ms create ro -r --table "0 2048 linear $a 0"
 ms info ro | grep -qx 'State:             ACTIVE (READ-ONLY)' ||
     die "info ro: $(ms info ro)"
-[ "$(ms info -c --noheadings -o attr,readonly ro)" = "L--r Read-only" ] ||
+[ "$(ms info -c --noheadings -o attr,readonly ro)" = "L--r:Read-only" ] ||
     die "info -c ro: $(ms info -c --noheadings -o attr,readonly ro)"
 ms info --json ro | grep -q '"read_only": true' || die "info --json ro"
 nbdinfo --json "$(uri ro)" | grep -q '"is_read_only": true' ||
@@ -77,7 +77,7 @@ ms info wr | grep -qx 'State:             ACTIVE' || die "wr turned read-only"
 
 # A restart from tables=DIR: the same devices read-only or not.
 ms info -c --noheadings -o name,attr > "$tmpdir/attr.before"
-grep -q '^ro .*r$' "$tmpdir/attr.before" || die "attrs: $(cat "$tmpdir/attr.before")"
+grep -qx 'ro:L--r' "$tmpdir/attr.before" || die "attrs: $(cat "$tmpdir/attr.before")"
 stop_server ctl
 start_server ctl mapper tables="$dir"
 ms info -c --noheadings -o name,attr | diff -u "$tmpdir/attr.before" - ||
