@@ -512,30 +512,22 @@ print_columns (struct conn *c, const char *name)
         width[j] = strlen (buf);
     }
   }
+  /* Aligned as libdm's reports: every column padded to its width, the
+   * last one too; headings and strings to the left, numbers to the
+   * right.
+   */
   if (headings && ds.n)
-    for (size_t j = 0; j < ncols; j++) {
-      bool last = j + 1 == ncols;
-      if (!aligned)
-        printf ("%s%s", cols[j]->heading, last ? "\n" : sep);
-      else if (cols[j]->number)
-        printf ("%*s%s", width[j], cols[j]->heading, last ? "\n" : sep);
-      else
-        printf ("%-*s%s", last ? 0 : width[j], cols[j]->heading,
-                last ? "\n" : sep);
-    }
+    for (size_t j = 0; j < ncols; j++)
+      printf ("%-*s%s", aligned ? width[j] : 0, cols[j]->heading,
+              j + 1 == ncols ? "\n" : sep);
   for (size_t i = 0; i < ds.n; i++)
     for (size_t j = 0; j < ncols; j++) {
-      bool last = j + 1 == ncols;
       field_value (cols[j], &ds, order[i], buf, sizeof buf);
       if (prefixes)
         print_prefixed (cols[j], buf);
-      else if (!aligned)
-        printf ("%s", buf);
-      else if (cols[j]->number)
-        printf ("%*s", width[j], buf);
       else
-        printf ("%-*s", last ? 0 : width[j], buf);
-      printf ("%s", last ? "\n" : sep);
+        printf (cols[j]->number ? "%*s" : "%-*s", aligned ? width[j] : 0, buf);
+      printf ("%s", j + 1 == ncols ? "\n" : sep);
     }
   if (ds.n == 0 && name == NULL)
     printf ("No devices found\n");

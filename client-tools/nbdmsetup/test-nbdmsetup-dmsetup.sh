@@ -51,12 +51,15 @@ ms create st -u ST-UUID --table "0 1024 linear mapper:d1 0
 1024 1024 linear $b 0"
 ms create top --uuid TOP --table "0 2048 linear mapper:st 0"
 ms create -n empty
-[ "$(ms info -c)" = "Name             Stat Open Targ  Event UUID
-d1               L--w    0    1      1 
-empty            --sw    0    0      0 
-st               L--w    0    2      1 ST-UUID
-top              L--w    0    1      1 TOP" ] || die "info -c:
-$(ms info -c)"
+# As libdm aligns: each column to its width (the last too), headings and
+# strings to the left, numbers to the right.
+pad () { printf '%-32s' "$1"; }
+[ "$(ms info -c)" = "Name             Stat Open Targ Event  $(pad UUID)
+d1               L--w    0    1      1 $(pad '')
+empty            --sw    0    0      0 $(pad '')
+st               L--w    0    2      1 $(pad ST-UUID)
+top              L--w    0    1      1 $(pad TOP)" ] || die "info -c:
+$(ms info -c | cat -A)"
 [ "$(ms info -C st)" = "$(ms info --columns st)" ] || die "-C, --columns"
 [ "$(ms info -c --noheadings --separator , -o name,segments,devs_used,blkdevs_used,names_using_dev,device_ref_count,device_count)" = "d1,1,,$a,st,1,1
 empty,0,,,,0,0
