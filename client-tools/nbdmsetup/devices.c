@@ -87,9 +87,10 @@ devs_get (struct conn *c, struct devs *ds, const char *name, bool backends)
   for (size_t i = 0; i < nb; i++) {
     struct row *r = &ds->brows[i];
     struct dev *d = devs_find (ds, r->f[0]);
-    if (d == NULL || (r->n > 1 && *r->f[1] && r->n < 4))
+    if (r->n > 1 && *r->f[1] && r->n < 4)
       die ("status: malformed response");
-    if (r->n < 2 || *r->f[1] == '\0')
+    /* d NULL: created between the two requests. */
+    if (d == NULL || r->n < 2 || *r->f[1] == '\0')
       continue;
     /* Rows of one device are together: point at the first. */
     if (d->nbes == 0)
