@@ -75,6 +75,14 @@ ms table wr | cmp - "$tmpdir/wr.before" || die "refused replace changed wr"
 ms info wr | grep -qx 'State:             ACTIVE' || die "wr turned read-only"
 ! grep -q 'nbdmapper-readonly' "$dir/wr.table" || die "refused replace saved"
 
+# A message that changes the table (delay's delays) saves it again: still
+# read-only.
+ms create dl -r --table "0 2048 delay $a 0 0"
+ms message dl 0 delay 1
+[ "$(ms table dl)" = "0 2048 delay $a 0 1" ] || die "delay message: $(ms table dl)"
+head -1 "$dir/dl.table" | grep -qx '# nbdmapper-readonly' ||
+    die "a message saved dl without its read-only line: $(cat "$dir/dl.table")"
+
 # A restart from tables=DIR: the same devices read-only or not.
 ms info -c --noheadings -o name,attr > "$tmpdir/attr.before"
 grep -qx 'ro:L--r' "$tmpdir/attr.before" || die "attrs: $(cat "$tmpdir/attr.before")"

@@ -634,6 +634,7 @@ cmd_rename (struct reply *rp, struct proto_request *req)
 static int
 save_message (struct reply *rp, struct device *dev, const char *name)
 {
+  struct device_info info;
   char *msg = NULL, *uuid, *text;
   int r = persist_check_saved (name, &msg);
 
@@ -643,7 +644,8 @@ save_message (struct reply *rp, struct device *dev, const char *name)
   if ((text = device_table_text (dev, false, &r)) == NULL)
     return reply_fail (rp, -r, "message %s: out of memory", name);
   uuid = device_uuid (dev);
-  r = persist_write (name, uuid, text, &msg);
+  device_get_info (dev, &info);
+  r = persist_write (name, uuid, info.live_ro, text, &msg);
   OPENSSL_cleanse (text, strlen (text));   /* may hold a crypt key */
   free (text);
   free (uuid);
