@@ -176,6 +176,7 @@ struct table {
   uint64_t **levels;
   unsigned depth;
   bool has_flush_failed;        /* some target has flush_failed() */
+  bool read_only;               /* table_set_read_only: no writes */
   backend_vector backends;      /* distinct, each referenced once */
   stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;

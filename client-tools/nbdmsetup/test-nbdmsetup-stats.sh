@@ -227,7 +227,7 @@ fails '--clear is an option of stats' ms ls --clear
 fails '--prometheus is an option of stats' ms info --prometheus d1
 fails '--region is an option of stats' ms table --region 1 d1
 fails 'stats: wrong number of arguments' ms stats d1 d2
-ms create empty
+ms create empty --notable
 fails "stats: device 'empty' has no live table" ms stats empty
 # Every device: the one without a table has nothing to show.
 ms stats --json | python3 -c '
