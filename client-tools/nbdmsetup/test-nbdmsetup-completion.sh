@@ -57,6 +57,9 @@ is "--target
 --timeout
 --tree" ls --t
 is "--readonly" create x --read
+is "--clear" stats --cle
+is "--prometheus" stats --prom
+is "--region" stats d1 --reg
 is "-r" create x -r
 comp table - | grep -qx -- --showkeys || die "table -: no --showkeys"
 comp table - | grep -qx -- --json || die "table -: no --json"
