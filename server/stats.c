@@ -417,14 +417,20 @@ device_stats (struct device *dev, long region, bool clear,
               void *opaque, struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
-  struct stats_set *s = atomic_load (&dev->stats);
+  struct stats_set *s = atomic_load (&dev->stats), *tmp = NULL;
   struct mapper_stats_region out;
   uint64_t sum[V_DEVICE];
   size_t lo = 0, hi;
   int r = 0;
 
+  /* Nothing counted since the swap.  A read alone does not make the
+   * set (a monitor reading 10,000 idle devices would give each one):
+   * its zeros come from a set made for the read.  A clear needs the
+   * set, to start from.
+   */
   if (s == NULL && dev->live)
-    s = install (dev, dev->live);
+    s = clear ? install (dev, dev->live)
+      : (tmp = set_new (dev->live, dev->stats_since_dev, dev->stats_since));
   if (s == NULL) {
     if (dev->live == NULL) {
       mapper_err_set (err, "device '%s' has no live table", dev->name);
@@ -452,12 +458,15 @@ device_stats (struct device *dev, long region, bool clear,
                         dev->live->nr_targets > MAPPER_STATS_MAX_TARGET_REGIONS
                         ? ", its table has too many targets for one region "
                         "each" : "");
+      set_free (tmp);
       return -EINVAL;
     }
     lo = hi = region;
   }
-  if (fn == NULL)
+  if (fn == NULL) {
+    set_free (tmp);
     return 0;                   /* checked only */
+  }
   for (size_t i = lo; i <= hi && r == 0; i++) {
     struct stats_region *rg = &s->regions[i];
     size_t n = i ? V_TARGET : V_DEVICE;
@@ -500,5 +509,6 @@ device_stats (struct device *dev, long region, bool clear,
       rg->since_ns = now;
     }
   }
+  set_free (tmp);
   return r;
 }

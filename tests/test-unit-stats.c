@@ -3,8 +3,8 @@
  * several generations of threads (records and blocks taken over), per
  * target regions split by the request, histograms summing to the
  * counts, clears racing the I/O losing and doubling nothing, a reload
- * keeping the regions it keeps, and the errors: no table, a bad region,
- * statistics off.
+ * keeping the regions it keeps, no set for an idle device even once
+ * read, and the errors: no table, a bad region, statistics off.
  */
 #include <config.h>
 
@@ -179,6 +179,17 @@ main (void)
   CHECK_EQ (s.start[2], 1048576);
   CHECK_EQ (s.len[2], 1048576);
   CHECK_EQ (s.len[0], 2097152);
+  /* An idle device keeps no set, even once read (10,000 of them). */
+  CHECK (atomic_load (&dev->stats) == NULL);
+  {
+    char buf[512];
+    CHECK_EQ (device_pread (dev, buf, sizeof buf, 0, 0), 0);
+    CHECK (atomic_load (&dev->stats) != NULL);
+    CHECK_EQ (device_replace (dev, unit_parse ("0 2048 zero\n2048 2048 zero\n"),
+                              NULL, &err), 0);
+    s = read_stats (dev, true);         /* back to 0 for what follows */
+    CHECK_EQ (s.ios[0][MAPPER_STATS_READ], 1);
+  }
 
   /* Three generations of threads: the later ones take over the
    * records (and blocks) of the earlier ones.
