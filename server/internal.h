@@ -235,7 +235,7 @@ struct device {
   _Atomic bool suspended;
   struct table *live;
   /* The live table's statistics (stats.c): NULL until its first
-   * request or read (then set once, by whichever comes first), replaced
+   * request or clear (then set once, by whichever comes first), replaced
    * or dropped by a swap (with nothing in flight); counting since the
    * device's first swap (the device region) and the last one (the
    * targets').

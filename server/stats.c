@@ -17,7 +17,7 @@
  * flight, so nothing counts meanwhile) builds a new set, carrying over
  * the device region and each target region whose start and length the
  * new table still has.  A device nothing has used since its swap has
- * no set: the first request (or read) makes it.
+ * no set: its first request (or clear) makes it.
  */
 #include <config.h>
 
@@ -272,7 +272,7 @@ stats_io_end (struct stats_io *sio, enum io_op io_op, uint64_t offset,
   }
 }
 
-/* --- sets: made at a device's first request (or read) after a swap -- */
+/* --- sets: made at a device's first request (or clear) after a swap - */
 
 static void
 set_free (struct stats_set *s)
@@ -329,7 +329,7 @@ set_new (const struct table *t, uint64_t dev_since, uint64_t since)
   return s;
 }
 
-/* A device's first request or read since the swap makes its set (an
+/* A device's first request or clear since the swap makes its set (an
  * idle device has none: no memory for 10,000 of them); the first of
  * several at once wins.  t is the live table, which cannot change
  * meanwhile (the caller is counted in flight, or holds dev->lock).
