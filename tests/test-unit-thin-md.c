@@ -658,6 +658,68 @@ test_errors (void)
   }
 }
 
+/* Data block references outside mappings: a released block (its write
+ * failed) and dm-thin's discard passdown (inc, unmap, is_shared, dec).
+ */
+static void
+test_data_refs (void)
+{
+  const char *path = path_of ("refs.md");
+  struct fdev d;
+  char err[PD_ERR_LEN];
+  int r;
+  struct thin_md *md;
+  struct thin_md_dev *td;
+  uint64_t b, b0, b1, n0, n;
+  bool shared;
+
+  new_metadata (path);
+  md = md_open (&d, path, 64, err, &r);
+  CHECKF (md, "open: %s", err);
+  if (!md)
+    return;
+  memset (&m, 0, sizeof m);
+  thin_md_get_free_data_blocks (md, &n0);
+  CHECK_EQ (thin_md_alloc_data_block (md, &b), 0);
+  thin_md_get_free_data_blocks (md, &n);
+  CHECK_EQ (n, n0 - 1);
+  CHECK_EQ (thin_md_release_data_block (md, b), 0);
+  thin_md_get_free_data_blocks (md, &n);
+  CHECK_EQ (n, n0);
+  CHECK_EQ (thin_md_release_data_block (md, b), -EINVAL);
+  thin_md_last_error (md, err);
+  CHECKF (strstr (err, "released but not in use"), "%s", err);
+  CHECK (!thin_md_failed (md));
+  /* not handed out again before the commit */
+  CHECK_EQ (thin_md_alloc_data_block (md, &n), 0);
+  CHECK (n != b);
+  CHECK_EQ (thin_md_release_data_block (md, n), 0);
+
+  do_create (md, &m, 1);
+  do_write (md, &m, 1, 0, 10);
+  do_snap (md, &m, 2, 1);
+  do_write (md, &m, 1, 20, 1);
+  b0 = m.dev[1].data[0] - 1;
+  b1 = m.dev[1].data[20] - 1;
+  CHECK_EQ (thin_md_dev_open (md, 1, &td, err), 0);
+  CHECK_EQ (thin_md_inc_data_range (md, b0, b0 + 1), 0);
+  CHECK_EQ (thin_md_inc_data_range (md, b1, b1 + 1), 0);
+  CHECK_EQ (thin_md_remove_range (td, 0, 1), 0);
+  CHECK_EQ (thin_md_remove_range (td, 20, 21), 0);
+  thin_md_dev_close (td);
+  m.dev[1].data[0] = m.dev[1].data[20] = 0;
+  m.dev[1].mapped -= 2;
+  CHECK_EQ (thin_md_block_is_shared (md, b0, &shared), 0);
+  CHECK (shared);                /* device 2 maps it */
+  CHECK_EQ (thin_md_block_is_shared (md, b1, &shared), 0);
+  CHECK (!shared);               /* only our passdown reference */
+  CHECK_EQ (thin_md_dec_data_range (md, b0, b0 + 1), 0);
+  CHECK_EQ (thin_md_dec_data_range (md, b1, b1 + 1), 0);
+  commit_and_check (md, path, &m, &committed, "data refs");
+  CHECK_EQ (thin_md_close (md, err), 0);
+  close (d.fd);
+}
+
 /* The random workload, checked at every commit. */
 static void
 test_random (void)
@@ -1118,6 +1180,7 @@ main (void)
   }
   test_errors ();
   test_chain ();
+  test_data_refs ();
   test_metadata_snap ();
   test_delta ();
   test_restore ();

@@ -1376,3 +1376,72 @@ thin_md_list_devices (struct thin_md *md,
   free (l.v);
   return r < 0 ? fail (md, r) : r;
 }
+
+/* --- data block references (discard passdown, failed writes) --------- */
+
+static int
+data_range (struct thin_md *md, uint64_t begin, uint64_t end, bool inc)
+{
+  int r;
+
+  WRLOCK (md);
+  if ((r = writable (md, NULL)) < 0)
+    goto out;
+  if (begin > end || end > md->dsm.nr_blocks) {
+    r = pd_error (&md->tm.bm, EINVAL, "data blocks %llu-%llu: beyond the "
+                  "data device (%llu blocks)", (unsigned long long) begin,
+                  (unsigned long long) end,
+                  (unsigned long long) md->dsm.nr_blocks);
+    goto out;
+  }
+  for (uint64_t b = begin; b < end && r == 0; b++) {
+    uint32_t c;
+    if ((r = pd_dsm_count (&md->dsm, b, &c)) < 0)
+      break;
+    if (!inc && c == 0) {
+      /* the caller's mistake, not damage: change nothing more */
+      r = pd_error (&md->tm.bm, EINVAL, "data block %llu: released but "
+                    "not in use", (unsigned long long) b);
+      goto out;
+    }
+    md->changed = true;
+    r = inc ? pd_dsm_inc (&md->dsm, b) : pd_dsm_dec (&md->dsm, b);
+  }
+  fail (md, r);
+ out:
+  UNLOCK (md);
+  return r;
+}
+
+int
+thin_md_release_data_block (struct thin_md *md, uint64_t block)
+{
+  return data_range (md, block, block + 1, false);
+}
+
+int
+thin_md_inc_data_range (struct thin_md *md, uint64_t begin, uint64_t end)
+{
+  return data_range (md, begin, end, true);
+}
+
+int
+thin_md_dec_data_range (struct thin_md *md, uint64_t begin, uint64_t end)
+{
+  return data_range (md, begin, end, false);
+}
+
+int
+thin_md_block_is_shared (struct thin_md *md, uint64_t block, bool *shared)
+{
+  uint32_t c;
+  int r;
+
+  RDLOCK (md);
+  r = pd_dsm_count (&md->dsm, block, &c);
+  UNLOCK (md);
+  if (r < 0)
+    return fail (md, r);
+  *shared = c > 1;
+  return 0;
+}
