@@ -993,10 +993,12 @@ test_crash (void)
   close (d.fd);
   snprintf (cmd, sizeof cmd, "cp '%s' '%s'", path, copy);
 
-  /* how many writes the second transaction makes */
+  /* The second transaction: big enough for the 64-block cache to write
+   * dirty blocks out before the commit.  Cut after n writes, for n from 0
+   * to past the last (about 60 cut points).
+   */
   total = -1;
-  for (long n = 0;; n++) {
-    struct model mm;
+  for (long n = 0, step = 1;; n += step) {
     int ok_before, ok_after;
 
     CHECK_EQ (run (cmd), 0);
@@ -1004,17 +1006,21 @@ test_crash (void)
     if (!md)
       break;
     d.limit = n;
-    mm = before;
-    m = mm;
+    m = before;
     do_write (md, &m, 1, 300, 300);
     do_discard (md, &m, 2, 0, 200);
     do_delete (md, &m, 2);
-    do_create (md, &m, 3);
-    do_write (md, &m, 3, 0, 200);
+    for (int id = 3; id < 6; id++) {
+      do_create (md, &m, id);
+      do_write (md, &m, id, 0, 2400);
+    }
     r = thin_md_commit (md, err);
+    CHECKF (r == 0, "commit: %s", err);
     after = m;
     total = d.writes;
-    thin_md_close (md, NULL);      /* no commit: writes are dropped anyway */
+    if (n == 0)
+      step = total / 60 + 1;
+    thin_md_close (md, NULL);      /* nothing left to commit */
     close (d.fd);
 
     md = md_open (&d, copy, 64, err, &r);
@@ -1035,6 +1041,10 @@ test_crash (void)
       CHECKF (check_clean (copy, "crash"), "crash after %ld writes", n);
     if (n > total || unit_failures)
       break;
+    if (n + step > total && n < total)
+      step = total - n;            /* the cut just before the superblock */
+    else if (n == total)
+      step = 1;
   }
   CHECK (seen_before > 0);
   CHECK (seen_after > 0);
