@@ -14,6 +14,8 @@
 
 #include "unit.h"
 
+#include <stdatomic.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -32,11 +34,13 @@ static uint64_t rng_state;
 static const char *
 path_of (const char *name)
 {
-  char *p = strdup (unit_path (name));
+  static char paths[32][256];
+  static unsigned n;
 
-  if (!p)
-    UNIT_FATAL ("out of memory");
-  return p;
+  if (n == 32)
+    UNIT_FATAL ("path_of: too many paths");
+  snprintf (paths[n], sizeof paths[n], "%s", unit_path (name));
+  return paths[n++];
 }
 
 static uint64_t
@@ -720,6 +724,200 @@ test_data_refs (void)
   close (d.fd);
 }
 
+/* Read-only use, the needs_check flag, growing the data device. */
+static void
+test_modes (void)
+{
+  const char *path = path_of ("modes.md");
+  const char *empty = path_of ("modes-empty.md");
+  struct fdev d;
+  char err[PD_ERR_LEN], cmd[1024];
+  int r;
+  struct thin_md *md;
+  struct thin_md_dev *td;
+  uint64_t b, n, used;
+  bool shared;
+  struct thin_md_open_args a = {
+    .dev = &d.bd, .data_block_sectors = BLOCK_SECTORS,
+    .nr_data_blocks = DATA_BLOCKS, .cache_blocks = 64, .read_only = true,
+  };
+
+  new_metadata (path);
+  md = md_open (&d, path, 64, err, &r);
+  CHECKF (md, "open: %s", err);
+  if (!md)
+    return;
+  memset (&m, 0, sizeof m);
+  do_create (md, &m, 1);
+  do_write (md, &m, 1, 0, 100);
+  commit_and_check (md, path, &m, &committed, "modes");
+  CHECK_EQ (thin_md_close (md, err), 0);
+  close (d.fd);
+
+  /* read-only: lookups work, changes are refused, the file is untouched */
+  fdev_open (&d, path);
+  d.limit = 0;
+  CHECK_EQ (thin_md_open (&a, &md, err), 0);
+  if (md) {
+    CHECK_EQ (thin_md_dev_open (md, 1, &td, err), 0);
+    CHECK_EQ (thin_md_find_block (td, 5, &b, &shared), 0);
+    CHECK_EQ (b, m.dev[1].data[5] - 1);
+    CHECK_EQ (thin_md_alloc_data_block (md, &b), -EROFS);
+    CHECK_EQ (thin_md_insert_block (td, 7, 0), -EROFS);
+    thin_md_dev_close (td);
+    CHECK_EQ (thin_md_create_thin (md, 2, err), -EROFS);
+    CHECKF (strstr (err, "read-only"), "%s", err);
+    CHECK_EQ (thin_md_set_needs_check (md), -EROFS);
+    CHECK_EQ (thin_md_close (md, err), 0);
+  }
+  CHECK_EQ (d.writes, 0);
+  close (d.fd);
+  new_metadata (empty);
+  fdev_open (&d, empty);
+  CHECK_EQ (thin_md_open (&a, &md, err), -EROFS);
+  CHECKF (strstr (err, "empty metadata device, and read-only"), "%s", err);
+  close (d.fd);
+
+  /* needs_check: set at once in the committed superblock; thin_check
+   * --clear-needs-check-flag clears it
+   */
+  md = md_open (&d, path, 64, err, &r);
+  CHECK (md && !thin_md_needs_check (md));
+  if (!md)
+    return;
+  CHECK_EQ (thin_md_set_needs_check (md), 0);
+  CHECK (thin_md_needs_check (md));
+  close (d.fd);                   /* no close: as if it crashed now */
+  md = md_open (&d, path, 64, err, &r);
+  CHECK (md && thin_md_needs_check (md));
+  if (md)
+    CHECK_EQ (thin_md_close (md, err), 0);
+  close (d.fd);
+  snprintf (cmd, sizeof cmd, "thin_check --clear-needs-check-flag '%s' "
+            "> /dev/null 2>&1", path);
+  CHECK_EQ (run (cmd), 0);
+  md = md_open (&d, path, 64, err, &r);
+  CHECK (md && !thin_md_needs_check (md));
+
+  /* growing the data device, over a bitmap boundary: every new block can
+   * be allocated, and the tools agree
+   */
+  if (md) {
+    CHECK_EQ (thin_md_resize_data_dev (md, 4 * 16320 + 5, err), 0);
+    CHECK_EQ (thin_md_commit (md, err), 0);
+    thin_md_get_data_dev_size (md, &n);
+    CHECK_EQ (n, 4 * 16320 + 5);
+    used = 0;
+    while (thin_md_alloc_data_block (md, &b) == 0)
+      used++;
+    CHECK_EQ (used, 4 * 16320 + 5 - 100);
+    CHECK_EQ (thin_md_abort (md, err), 0);
+    CHECK_EQ (thin_md_close (md, err), 0);
+    close (d.fd);
+    if (have_tools) {
+      CHECK (check_clean (path, "resized"));
+      snprintf (cmd, sizeof cmd, "thin_dump '%s' | grep -q "
+                "'nr_data_blocks=\"%d\"'", path, 4 * 16320 + 5);
+      CHECK_EQ (run (cmd), 0);
+    }
+  }
+  /* a bigger data device at open grows the space map too */
+  a.read_only = false;
+  a.nr_data_blocks = 5 * 16320;
+  fdev_open (&d, path);
+  CHECK_EQ (thin_md_open (&a, &md, err), 0);
+  if (md) {
+    thin_md_get_free_data_blocks (md, &n);
+    CHECK_EQ (n, 5 * 16320 - 100);
+    CHECK_EQ (thin_md_close (md, err), 0);
+  }
+  close (d.fd);
+  if (have_tools)
+    CHECK (check_clean (path, "grown at open"));
+}
+
+/* Lookups from several threads while another changes and commits. */
+struct reader_arg {
+  struct thin_md *md;
+  atomic_bool *stop;
+  atomic_int started;
+  long lookups, errors;
+};
+
+static void *
+reader (void *p)
+{
+  struct reader_arg *a = p;
+  struct thin_md_dev *td;
+  char err[PD_ERR_LEN];
+  uint64_t x = (uint64_t) (uintptr_t) p | 1, b, vb, ve;
+  bool shared;
+
+  if (thin_md_dev_open (a->md, 1, &td, err) != 0) {
+    a->errors++;
+    atomic_store (&a->started, 1);
+    return NULL;
+  }
+  while (!atomic_load (a->stop)) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    /* blocks below 500 are mapped for good, the rest come and go */
+    if (thin_md_find_block (td, x % 500, &b, &shared) != 0)
+      a->errors++;
+    if (thin_md_find_mapped_range (td, x % 2000, 2000, &vb, &ve, &b,
+                                   &shared) == 0 && ve <= vb)
+      a->errors++;
+    a->lookups++;
+    atomic_store (&a->started, 1);
+  }
+  thin_md_dev_close (td);
+  return NULL;
+}
+
+static void
+test_threads (void)
+{
+  const char *path = path_of ("threads.md");
+  struct fdev d;
+  char err[PD_ERR_LEN];
+  int r;
+  struct thin_md *md;
+  pthread_t th[3];
+  struct reader_arg ra[3];
+  atomic_bool stop = false;
+
+  new_metadata (path);
+  md = md_open (&d, path, 64, err, &r);
+  CHECKF (md, "open: %s", err);
+  if (!md)
+    return;
+  memset (&m, 0, sizeof m);
+  do_create (md, &m, 1);
+  do_write (md, &m, 1, 0, 500);
+  for (int i = 0; i < 3; i++) {
+    ra[i] = (struct reader_arg) { .md = md, .stop = &stop };
+    pthread_create (&th[i], NULL, reader, &ra[i]);
+  }
+  for (int i = 0; i < 3; i++)
+    while (atomic_load (&ra[i].started) == 0)
+      sched_yield ();
+  for (int round = 0; round < 40; round++) {
+    do_write (md, &m, 1, 500 + (int) rnd (1500), 1 + (int) rnd (100));
+    do_discard (md, &m, 1, 500 + (int) rnd (1500), (int) rnd (200));
+    if (round % 8 == 0)
+      do_snap (md, &m, 2 + round / 8, 1);
+    CHECK_EQ (thin_md_commit (md, err), 0);
+  }
+  atomic_store (&stop, true);
+  for (int i = 0; i < 3; i++) {
+    pthread_join (th[i], NULL);
+    CHECKF (ra[i].errors == 0 && ra[i].lookups > 0, "reader %d: %ld errors "
+            "in %ld lookups", i, ra[i].errors, ra[i].lookups);
+  }
+  commit_and_check (md, path, &m, &committed, "threads");
+  CHECK_EQ (thin_md_close (md, err), 0);
+  close (d.fd);
+}
+
 /* The random workload, checked at every commit. */
 static void
 test_random (void)
@@ -1191,6 +1389,8 @@ main (void)
   test_errors ();
   test_chain ();
   test_data_refs ();
+  test_modes ();
+  test_threads ();
   test_metadata_snap ();
   test_delta ();
   test_restore ();

@@ -378,7 +378,17 @@ thin_md_open (const struct thin_md_open_args *a, struct thin_md **out,
       snprintf (err, PD_ERR_LEN, "thin-pool metadata: out of memory");
     return -ENOMEM;
   }
-  pthread_rwlock_init (&md->lock, NULL);
+  {
+    /* Lookups come from every request: a reader-preferring lock would
+     * starve the commits.
+     */
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init (&attr);
+    pthread_rwlockattr_setkind_np (&attr,
+                                   PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init (&md->lock, &attr);
+    pthread_rwlockattr_destroy (&attr);
+  }
   md->read_only = a->read_only;
   md->data_block_sectors = a->data_block_sectors;
   init_trees (md);
@@ -1368,7 +1378,7 @@ thin_md_list_devices (struct thin_md *md,
       r = list_add (&l, &info);
   }
   UNLOCK (md);
-  if (r == 0) {
+  if (r == 0 && l.n) {
     qsort (l.v, l.n, sizeof *l.v, cmp_info);
     for (size_t i = 0; i < l.n && r == 0; i++)
       r = fn (opaque, &l.v[i]);
