@@ -845,6 +845,58 @@ test_modes (void)
     CHECK (check_clean (path, "grown at open"));
 }
 
+/* A full metadata device: the change fails with -ENOSPC and a message,
+ * the metadata refuses more changes, the last commit stays intact.
+ */
+static void
+test_metadata_full (void)
+{
+  const char *path = path_of ("full.md");
+  struct fdev d;
+  char err[PD_ERR_LEN];
+  int r = 0, v;
+  struct thin_md *md;
+  struct thin_md_dev *td;
+  uint64_t b;
+
+  unit_write_file (path, NULL, 24 * PD_BLOCK_SIZE);
+  md = md_open (&d, path, 64, err, &r);
+  CHECKF (md, "open: %s", err);
+  if (!md)
+    return;
+  memset (&m, 0, sizeof m);
+  do_create (md, &m, 1);
+  do_write (md, &m, 1, 0, 10);
+  commit_and_check (md, path, &m, &committed, "metadata nearly full");
+  CHECK_EQ (thin_md_dev_open (md, 1, &td, err), 0);
+  for (v = 10; v < 100000; v++) {
+    if ((r = thin_md_alloc_data_block (md, &b)) != 0 ||
+        (r = thin_md_insert_block (td, v, b)) != 0)
+      break;
+  }
+  thin_md_dev_close (td);
+  CHECK_EQ (r, -ENOSPC);
+  thin_md_last_error (md, err);
+  CHECKF (strstr (err, "metadata device full (24 blocks)"), "%s", err);
+  CHECK (thin_md_failed (md));
+  CHECK_EQ (thin_md_create_thin (md, 2, err), -EROFS);
+  CHECKF (strstr (err, "metadata device full"), "%s", err);
+  CHECK_EQ (thin_md_commit (md, err), -EROFS);
+  CHECK_EQ (thin_md_close (md, err), 0);
+  close (d.fd);
+  if (have_tools) {
+    CHECK (check_clean (path, "metadata full"));
+    CHECK (dump_equals (path, &committed, false, "metadata full"));
+  }
+  md = md_open (&d, path, 64, err, &r);
+  CHECKF (md, "reopen: %s", err);
+  if (md) {
+    CHECK (library_equals (md, &committed, "metadata full, reopened"));
+    thin_md_close (md, NULL);
+  }
+  close (d.fd);
+}
+
 /* Lookups from several threads while another changes and commits. */
 struct reader_arg {
   struct thin_md *md;
@@ -1500,6 +1552,7 @@ main (void)
   test_data_refs ();
   test_modes ();
   test_threads ();
+  test_metadata_full ();
   test_metadata_snap ();
   test_delta ();
   test_restore ();

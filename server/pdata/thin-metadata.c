@@ -83,12 +83,13 @@ copy_err (struct thin_md *md, char *err)
 }
 
 /* A failure inside the metadata: it may be half changed, so no more
- * changes until reopened (or aborted and reloaded).
+ * changes until reopened (or aborted and reloaded).  That includes a
+ * full metadata device (-ENOSPC), as in dm; -ENODATA is an answer.
  */
 static int
 fail (struct thin_md *md, int r)
 {
-  if (r < 0 && r != -ENODATA && r != -ENOSPC)
+  if (r < 0 && r != -ENODATA)
     atomic_store (&md->failed, true);
   return r;
 }
@@ -1384,7 +1385,7 @@ thin_md_list_devices (struct thin_md *md,
       r = fn (opaque, &l.v[i]);
   }
   free (l.v);
-  return r < 0 ? fail (md, r) : r;
+  return r < 0 && r != -ENOMEM ? fail (md, r) : r;
 }
 
 /* --- data block references (discard passdown, failed writes) --------- */
