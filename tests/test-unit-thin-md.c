@@ -556,6 +556,30 @@ new_metadata (const char *path)
   unit_write_file (path, NULL, (size_t) MD_BLOCKS * PD_BLOCK_SIZE);
 }
 
+/* New, empty metadata at path, opened; the model emptied. */
+static struct thin_md *
+fresh (const char *path, struct fdev *d, size_t cache)
+{
+  char err[PD_ERR_LEN];
+  struct thin_md *md;
+  int r;
+
+  new_metadata (path);
+  md = md_open (d, path, cache, err, &r);
+  CHECKF (md, "open %s: %s", path, err);
+  memset (&m, 0, sizeof m);
+  return md;
+}
+
+static void
+finish (struct thin_md *md, struct fdev *d)
+{
+  char err[PD_ERR_LEN];
+
+  CHECKF (thin_md_close (md, err) == 0, "close: %s", err);
+  close (d->fd);
+}
+
 /* Snapshots of snapshots ten deep, each level writing over part of what
  * it shares; then deleting from the middle and the ends.
  */
@@ -564,16 +588,11 @@ test_chain (void)
 {
   const char *path = path_of ("chain.md");
   struct fdev d;
-  char err[PD_ERR_LEN];
-  int r;
   struct thin_md *md;
 
-  new_metadata (path);
-  md = md_open (&d, path, 128, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 128);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 0);
   do_write (md, &m, 0, 0, 600);
   commit_and_check (md, path, &m, &committed, "chain base");
@@ -596,8 +615,7 @@ test_chain (void)
     thin_md_get_free_data_blocks (md, &n);
     CHECK_EQ (n, DATA_BLOCKS);
   }
-  CHECK_EQ (thin_md_close (md, err), 0);
-  close (d.fd);
+  finish (md, &d);
 }
 
 /* Errors with their messages, changing nothing. */
@@ -607,17 +625,13 @@ test_errors (void)
   const char *path = path_of ("errors.md");
   struct fdev d;
   char err[PD_ERR_LEN];
-  int r;
   struct thin_md *md;
   struct thin_md_dev *td;
   uint64_t t;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   CHECK_EQ (thin_md_create_thin (md, 1, err), -EEXIST);
   CHECKF (strstr (err, "device 1: already exists"), "%s", err);
@@ -671,18 +685,14 @@ test_data_refs (void)
   const char *path = path_of ("refs.md");
   struct fdev d;
   char err[PD_ERR_LEN];
-  int r;
   struct thin_md *md;
   struct thin_md_dev *td;
   uint64_t b, b0, b1, n0, n;
   bool shared;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   thin_md_get_free_data_blocks (md, &n0);
   CHECK_EQ (thin_md_alloc_data_block (md, &b), 0);
   thin_md_get_free_data_blocks (md, &n);
@@ -720,8 +730,7 @@ test_data_refs (void)
   CHECK_EQ (thin_md_dec_data_range (md, b0, b0 + 1), 0);
   CHECK_EQ (thin_md_dec_data_range (md, b1, b1 + 1), 0);
   commit_and_check (md, path, &m, &committed, "data refs");
-  CHECK_EQ (thin_md_close (md, err), 0);
-  close (d.fd);
+  finish (md, &d);
 }
 
 /* Read-only use, the needs_check flag, growing the data device. */
@@ -742,12 +751,9 @@ test_modes (void)
     .nr_data_blocks = DATA_BLOCKS, .cache_blocks = 64, .read_only = true,
   };
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   do_write (md, &m, 1, 0, 100);
   commit_and_check (md, path, &m, &committed, "modes");
@@ -940,18 +946,14 @@ test_threads (void)
   const char *path = path_of ("threads.md");
   struct fdev d;
   char err[PD_ERR_LEN];
-  int r;
   struct thin_md *md;
   pthread_t th[3];
   struct reader_arg ra[3];
   atomic_bool stop = false;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   do_write (md, &m, 1, 0, 500);
   for (int i = 0; i < 3; i++) {
@@ -975,8 +977,7 @@ test_threads (void)
             "in %ld lookups", i, ra[i].errors, ra[i].lookups);
   }
   commit_and_check (md, path, &m, &committed, "threads");
-  CHECK_EQ (thin_md_close (md, err), 0);
-  close (d.fd);
+  finish (md, &d);
 }
 
 /* The random workload, checked at every commit. */
@@ -989,12 +990,9 @@ test_random (void)
   int r, commits = 0;
   struct thin_md *md;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   committed = m;
   for (int step = 0; step < 3000 && commits < 30 && !unit_failures; step++) {
     int op = (int) rnd (100), id;
@@ -1051,17 +1049,13 @@ test_metadata_snap (void)
   const char *path = path_of ("msnap.md");
   struct fdev d;
   char err[PD_ERR_LEN];
-  int r;
   uint64_t held;
   struct thin_md *md;
   static struct model at_snap;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 3);
   do_write (md, &m, 3, 0, 400);
   do_create (md, &m, 4);
@@ -1086,8 +1080,7 @@ test_metadata_snap (void)
   thin_md_get_metadata_snap (md, &held);
   CHECK_EQ (held, 0);
   commit_and_check (md, path, &m, &committed, "metadata snapshot released");
-  CHECK_EQ (thin_md_close (md, err), 0);
-  close (d.fd);
+  finish (md, &d);
 }
 
 /* thin_delta between a snapshot and its origin: the origin's writes
@@ -1099,19 +1092,15 @@ test_delta (void)
   const char *path = path_of ("delta.md");
   struct fdev d;
   char err[PD_ERR_LEN], cmd[1024], line[512];
-  int r;
   struct thin_md *md;
   FILE *f;
   static bool differs[NVB], seen[NVB];
 
   if (!have_tools)
     return;
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   do_write (md, &m, 1, 0, 1000);
   do_snap (md, &m, 2, 1);
@@ -1218,8 +1207,7 @@ test_restore (void)
   do_discard (md, &m, 5, 0, 100);
   do_delete (md, &m, 10);
   commit_and_check (md, path, &m, &committed, "restored, changed");
-  CHECK_EQ (thin_md_close (md, err), 0);
-  close (d.fd);
+  finish (md, &d);
 }
 
 /* A crash during a commit: every write after the Nth is lost.  Reopened,
@@ -1237,12 +1225,9 @@ test_crash (void)
   struct thin_md *md;
   long total;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   do_write (md, &m, 1, 0, 800);
   do_snap (md, &m, 2, 1);
@@ -1327,12 +1312,9 @@ test_damage (void)
   struct { const char *what; uint64_t b; } targets[8];
   int nt = 0;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   do_write (md, &m, 1, 0, 2000);
   do_snap (md, &m, 2, 1);
