@@ -138,10 +138,11 @@ struct model {
 };
 
 /* nr_data: a metadata snapshot's superblock has no space maps (dm wipes
- * them), so thin_dump --metadata-snap shows 0 data blocks.
+ * them), so thin_dump --metadata-snap shows 0 data blocks.  shared: the
+ * library's form, a shared flag instead of the time.
  */
 static void
-model_text (const struct model *m, FILE *f, unsigned nr_data)
+model_text (const struct model *m, FILE *f, unsigned nr_data, bool shared)
 {
   fprintf (f, "superblock time=%u transaction=%llu data_block_size=%u "
            "nr_data_blocks=%u\n", m->time, (unsigned long long) m->trans_id,
@@ -153,10 +154,15 @@ model_text (const struct model *m, FILE *f, unsigned nr_data)
     fprintf (f, "device %d mapped=%llu transaction=%llu creation=%u snap=%u\n",
              i, (unsigned long long) d->mapped, (unsigned long long) d->trans,
              d->ctime, d->stime);
-    for (int v = 0; v < NVB; v++)
-      if (d->data[v])
-        fprintf (f, "%d %llu %u\n", v, (unsigned long long) d->data[v] - 1,
-                 d->time[v]);
+    for (int v = 0; v < NVB; v++) {
+      if (!d->data[v])
+        continue;
+      fprintf (f, "%d %llu ", v, (unsigned long long) d->data[v] - 1);
+      if (shared)
+        fprintf (f, "%s\n", d->stime > d->time[v] ? "s" : "-");
+      else
+        fprintf (f, "%u\n", d->time[v]);
+    }
   }
 }
 
@@ -297,7 +303,7 @@ dump_equals (const char *path, const struct model *m, bool snap,
   dump_text (unit_path ("dump.xml"), f);
   fclose (f);
   f = fopen (unit_path ("model.txt"), "w");
-  model_text (m, f, snap ? 0 : DATA_BLOCKS);
+  model_text (m, f, snap ? 0 : DATA_BLOCKS, false);
   fclose (f);
   return same_files (unit_path ("model.txt"), unit_path ("dump.txt"), what);
 }
@@ -368,27 +374,6 @@ library_text (struct thin_md *md, FILE *f, uint64_t nvb)
   fclose (devs);
 }
 
-/* The model with a shared flag instead of the time. */
-static void
-model_lib_text (const struct model *m, FILE *f, uint64_t nr_data)
-{
-  fprintf (f, "superblock time=%u transaction=%llu data_block_size=%u "
-           "nr_data_blocks=%llu\n", m->time, (unsigned long long) m->trans_id,
-           BLOCK_SECTORS, (unsigned long long) nr_data);
-  for (int i = 0; i < MAXDEV; i++) {
-    const struct mdev *d = &m->dev[i];
-    if (!d->exists)
-      continue;
-    fprintf (f, "device %d mapped=%llu transaction=%llu creation=%u snap=%u\n",
-             i, (unsigned long long) d->mapped, (unsigned long long) d->trans,
-             d->ctime, d->stime);
-    for (int v = 0; v < NVB; v++)
-      if (d->data[v])
-        fprintf (f, "%d %llu %s\n", v, (unsigned long long) d->data[v] - 1,
-                 d->stime > d->time[v] ? "s" : "-");
-  }
-}
-
 static bool
 library_equals (struct thin_md *md, const struct model *m, const char *what)
 {
@@ -399,7 +384,7 @@ library_equals (struct thin_md *md, const struct model *m, const char *what)
   library_text (md, f, NVB);
   fclose (f);
   f = fopen (unit_path ("modellib.txt"), "w");
-  model_lib_text (m, f, DATA_BLOCKS);
+  model_text (m, f, DATA_BLOCKS, true);
   fclose (f);
   ok = same_files (unit_path ("modellib.txt"), unit_path ("lib.txt"), what);
   thin_md_get_free_data_blocks (md, &free_blocks);
