@@ -11,7 +11,8 @@
  * of mappings) and of the commit after it; find_block at random over all
  * the mappings (mostly cache misses, the file in the page cache) and
  * within 64 blocks (cache hits); the first writes to the origin after
- * the snapshot (each breaks sharing of a leaf).  RESULT| lines for
+ * the snapshot (each breaks sharing of a leaf); removing every mapping
+ * of the origin (its leaves shared with the snapshot).  RESULT| lines for
  * bench/run.
  */
 #include <config.h>
@@ -166,6 +167,17 @@ main (int argc, char **argv)
   t_cow = (now () - t) * 1e6 / 1000;
   if (thin_md_commit (md, err))
     DIE ("commit: %s", err);
+  /* discard the whole origin: its leaves are shared with the snapshot */
+  t = now ();
+  if (thin_md_remove_range (td, 0, n))
+    DIE ("remove_range failed");
+  double t_remove = now () - t;
+  t = now ();
+  if (thin_md_commit (md, err))
+    DIE ("commit: %s", err);
+  printf ("remove_range of all %llu: %.2f s (%.0f ns each); commit %.1f ms\n",
+          (unsigned long long) n, t_remove, t_remove * 1e9 / n,
+          (now () - t) * 1e3);
   thin_md_dev_close (td);
   rss = status_kb ("VmRSS:");
   hwm = status_kb ("VmHWM:");

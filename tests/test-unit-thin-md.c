@@ -821,6 +821,25 @@ test_modes (void)
       CHECK_EQ (run (cmd), 0);
     }
   }
+  /* a data device of no whole block: nothing to allocate, no crash */
+  {
+    struct fdev d0;
+    struct thin_md *md0;
+    const char *zero = path_of ("modes-zero.md");
+    struct thin_md_open_args z = {
+      .dev = &d0.bd, .data_block_sectors = BLOCK_SECTORS,
+      .nr_data_blocks = 0, .cache_blocks = 64,
+    };
+    new_metadata (zero);
+    fdev_open (&d0, zero);
+    CHECK_EQ (thin_md_open (&z, &md0, err), 0);
+    if (md0) {
+      CHECK_EQ (thin_md_alloc_data_block (md0, &b), -ENOSPC);
+      thin_md_last_error (md0, err);
+      CHECKF (strstr (err, "data device full (0 blocks)"), "%s", err);
+      finish (md0, &d0);
+    }
+  }
   /* a bigger data device at open grows the space map too */
   a.read_only = false;
   a.nr_data_blocks = 5 * 16320;

@@ -328,6 +328,9 @@ pd_dsm_new_block (struct pd_dsm *sm, uint64_t *out)
   uint64_t start = sm->cursor < sm->nr_blocks ? sm->cursor : 0;
   int r;
 
+  if (nr_bitmaps == 0)
+    return -ENOSPC;               /* a data device of no whole block */
+
   for (uint64_t k = 0; k <= nr_bitmaps; k++) {
     uint64_t i = (start / EPB + k) % nr_bitmaps;
     uint64_t from = 0, n = entries_in (sm->nr_blocks, i);
