@@ -63,6 +63,9 @@ device_get_info (struct device *dev, struct device_info *info)
   info->event_nr = atomic_load (&dev->event_nr);
   info->nr_targets = dev->live ? dev->live->nr_targets : 0;
   info->size = dev->live ? dev->live->caps.size : 0;
+  info->read_only = dev->live && !dev->live->caps.can_write;
+  info->live_ro = dev->live && dev->live->read_only;
+  info->inactive_ro = dev->inactive && dev->inactive->read_only;
 }
 
 static char *
@@ -184,7 +187,7 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }
-  return 0;
+  return r;
 }
 
 void

@@ -656,6 +656,22 @@ table_resume (struct table *t)
       t->targets[i].type->resume (&t->targets[i]);
 }
 
+int
+table_preresume (struct table *t, struct mapper_err *err)
+{
+  for (size_t i = 0; i < t->nr_targets; i++) {
+    struct target *ti = &t->targets[i];
+    int r;
+
+    if (ti->type->preresume && (r = ti->type->preresume (ti, err)) < 0) {
+      mapper_err_prefix (err, "%s target at sector %" PRIu64, ti->type->name,
+                         ti->begin >> MAPPER_SECTOR_SHIFT);
+      return r;
+    }
+  }
+  return 0;
+}
+
 void
 table_postsuspend (struct table *t)
 {
@@ -677,6 +693,21 @@ table_flush_hooks (struct table *t, uint32_t flags)
       r = t->targets[i].type->flush (&t->targets[i], &req);
   io_req_release (&req);
   return r;
+}
+
+void
+table_set_read_only (struct table *t)
+{
+  assert (t->device == NULL);
+  t->read_only = true;
+  t->caps.can_write = t->caps.can_trim = false;
+  t->caps.can_zero = t->caps.can_fast_zero = false;
+}
+
+bool
+table_read_only (const struct table *t)
+{
+  return t->read_only;
 }
 
 const struct mapper_caps *
