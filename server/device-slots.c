@@ -93,7 +93,9 @@ suspend_locked (struct device *dev, bool noflush)
     table_postsuspend (dev->live);
   if (noflush || dev->live == NULL)
     return 0;
-  r = io_flush_backends (dev->live->backends.ptr, dev->live->backends.len);
+  r = io_flush_backends (dev->live->flushed.ptr, dev->live->flushed.len);
+  if (r == 0)
+    r = table_flush_paths (dev->live);  /* multipath's paths */
   if (r < 0)
     unsuspend_locked (dev);
   return r;
@@ -164,11 +166,11 @@ dropped_backends (const struct table *old, const struct table *new,
 {
   if (old == NULL)
     return 0;
-  for (size_t i = 0; i < old->backends.len; i++) {
+  for (size_t i = 0; i < old->flushed.len; i++) {
     bool kept = false;
-    for (size_t j = 0; j < new->backends.len && !kept; j++)
-      kept = old->backends.ptr[i] == new->backends.ptr[j];
-    if (!kept && backend_vector_append (out, old->backends.ptr[i]) == -1)
+    for (size_t j = 0; j < new->flushed.len && !kept; j++)
+      kept = old->flushed.ptr[i] == new->flushed.ptr[j];
+    if (!kept && backend_vector_append (out, old->flushed.ptr[i]) == -1)
       return -ENOMEM;
   }
   return 0;

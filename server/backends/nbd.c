@@ -614,6 +614,59 @@ nbd_status (struct backend *be, char *buf, size_t len)
   return s.used;
 }
 
+struct abandon_call {
+  struct nbd_backend *nb;
+  void *owner;
+};
+
+static bool
+owned (const struct nbd_cmd *cmd, const void *owner)
+{
+  return cmd->c && cmd->c->end_io_ctx == owner;
+}
+
+/* In the loop: close every connection carrying one of owner's commands
+ * first (libnbd then lets go of its buffer: the late reply of a read
+ * must never land in a client buffer reissued elsewhere and completed),
+ * which puts them back on the wait list with the connection's other
+ * commands; then fail owner's, the others are issued again as after
+ * any lost connection.
+ */
+static void
+abandon_run (void *arg)
+{
+  struct abandon_call *a = arg;
+  struct nbd_backend *nb = a->nb;
+  struct nbd_cmd *cmd, *next;
+
+  /* Never used by this loop (or no loop runs): nothing is issued. */
+  if (nb->attached_gen != ioloop_generation () || !ioloop_in_loop_thread ())
+    return;
+  for (unsigned i = 0; i < nb->nr_conns; i++)
+    for (cmd = nb->conns[i].inflight.head; cmd; cmd = cmd->next)
+      if (owned (cmd, a->owner)) {
+        nbd_conn_drop (&nb->conns[i], "abandoned (multipath path timeout)");
+        break;
+      }
+  for (cmd = nb->waiting.head; cmd; cmd = next) {
+    next = cmd->next;
+    if (owned (cmd, a->owner)) {
+      list_remove (&nb->waiting, cmd);
+      nb->nr_timeouts++;
+      nbd_cmd_complete (cmd, -EIO);
+    }
+  }
+  nbd_pump (nb);
+}
+
+static void
+nbd_abandon (struct backend *be, void *owner)
+{
+  struct abandon_call a = { .nb = NB (be), .owner = owner };
+
+  ioloop_call (abandon_run, &a);
+}
+
 static void
 detach_run (void *arg)
 {
@@ -664,6 +717,7 @@ static const struct backend_ops nbd_ops = {
   .extents = nbd_extents,
   .get_size = nbd_get_size_op,
   .status = nbd_status,
+  .abandon = nbd_abandon,
   .close = nbd_close_op,
 };
 
