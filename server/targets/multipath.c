@@ -621,9 +621,21 @@ mpath_message (struct target *ti, unsigned argc, char **argv, char *reply,
   struct mpath_path *p;
   unsigned g;
 
-  if (argc == 1 && (strcasecmp (argv[0], "queue_if_no_path") == 0 ||
-                    strcasecmp (argv[0], "fail_if_no_path") == 0)) {
+  if (argc == 0) {
+    mapper_err_set (err, "missing message (fail_path, reinstate_path, "
+                    "switch_group, disable_group, enable_group, "
+                    "queue_if_no_path, fail_if_no_path)");
+    return -EINVAL;
+  }
+  if (strcasecmp (argv[0], "queue_if_no_path") == 0 ||
+      strcasecmp (argv[0], "fail_if_no_path") == 0) {
     bool q = strcasecmp (argv[0], "queue_if_no_path") == 0;
+
+    if (argc != 1) {
+      mapper_err_set (err, "%s takes no argument, got %u", argv[0],
+                      argc - 1);
+      return -EINVAL;
+    }
     pthread_mutex_lock (&m->lock);
     m->queue_if_no_path = q;
     if (q)
@@ -634,12 +646,6 @@ mpath_message (struct target *ti, unsigned argc, char **argv, char *reply,
                   "is left" : "fail_if_no_path: failing I/O when no path "
                   "is left");
     return 0;
-  }
-  if (argc == 0) {
-    mapper_err_set (err, "missing message (fail_path, reinstate_path, "
-                    "switch_group, disable_group, enable_group, "
-                    "queue_if_no_path, fail_if_no_path)");
-    return -EINVAL;
   }
   if (strcasecmp (argv[0], "fail_path") != 0 &&
       strcasecmp (argv[0], "reinstate_path") != 0 &&
