@@ -37,6 +37,7 @@ SHELL_TESTS = \
 	test-remote-errseq.sh \
 	test-remote-loss-elsewhere.sh \
 	test-remote-netns.sh \
+	test-multipath.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \
 	test-remote-lookup.sh \
