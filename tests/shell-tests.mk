@@ -38,6 +38,7 @@ SHELL_TESTS = \
 	test-remote-loss-elsewhere.sh \
 	test-remote-netns.sh \
 	test-multipath.sh \
+	test-multipath-nopath.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \
 	test-remote-lookup.sh \
