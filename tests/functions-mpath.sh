@@ -12,8 +12,17 @@ ms () { "$NBDMSETUP" "$@"; }
 # The device m of the mapper started by start_mapper.
 dev_uri="nbd+unix:///m?socket=$tmpdir/ctl.sock"
 
-# kit NAME FILE [FILTER-ARGS...]: nbdkit file FILE on $tmpdir/NAME.sock.
-kit () { local n=$1 f=$2; shift 2; start_server "$n" "$@" file "$f"; }
+# kit NAME FILE [--OPTION...] [KEY=VALUE...]: nbdkit file FILE on
+# $tmpdir/NAME.sock, with those options (--filter=log) and parameters.
+kit ()
+{
+    local n=$1 f=$2 opts=() params=()
+    shift 2
+    for a in "$@"; do
+        case $a in --*) opts+=("$a") ;; *) params+=("$a") ;; esac
+    done
+    start_server "$n" "${opts[@]}" file "$f" "${params[@]}"
+}
 kit_uri () { echo "nbd+unix:///?socket=$tmpdir/$1.sock"; }
 # qemu NAME FILE: qemu-nbd (raw) on $tmpdir/NAME.sock.
 qemu () { start_qemu_nbd "$1" "$2"; }

@@ -39,6 +39,7 @@ SHELL_TESTS = \
 	test-remote-netns.sh \
 	test-multipath.sh \
 	test-multipath-nopath.sh \
+	test-multipath-groups.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \
 	test-remote-lookup.sh \
