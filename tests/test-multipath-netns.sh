@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# A multipath device whose first path is an NBD server in another
+# network namespace, reached over a veth pair, and whose second is a
+# local server on a Unix socket (both nbdkit over one file).  The link is
+# cut (set down: no RST, no FIN, the connections just stop answering) in
+# the middle of a verified fio run: fio sees no error, the path is failed
+# by its path timeout (remote-timeout is 30 s), and once the link is up
+# again the path checker reinstates it.  The device then reads back the
+# file.  The host's own interfaces are never touched; skips (77) without
+# iproute2 or the right to create namespaces.
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions-mpath.sh"
+
+requires nbdkit --version
+requires nbdcopy --version
+requires fio --version
+requires sh -c 'fio --enghelp=nbd 2>&1 | grep -q uri'
+requires ip -V
+
+nsa=nbdm-mpa-$$ nsb=nbdm-mpb-$$
+addr_a=10.78.0.1 addr_b=10.78.0.2 port=10809   # private to the namespaces
+netns_new "$nsa"
+netns_new "$nsb"
+netns_skip "create a veth pair" \
+    ip -n "$nsa" link add va type veth peer name vb netns "$nsb"
+ip -n "$nsa" addr add "$addr_a/30" dev va
+ip -n "$nsb" addr add "$addr_b/30" dev vb
+ip -n "$nsa" link set va up
+ip -n "$nsb" link set vb up
+
+disk=$(mkfile disk.img 16M)
+fill_random "$disk" 16777216 11
+start_server --wrap "ip netns exec $nsb" r -i "$addr_b" -p "$port" file "$disk"
+# Connections that lived through the cut may keep the server waiting for
+# their end at exit (see test-remote-netns.sh): not the server under test.
+cleanup_fn "stop_server r KILL"
+kit k "$disk"
+K=$(kit_uri k)
+R=nbd://$addr_b/                # as status prints it: 10809 is the default
+
+echo "0 32768 multipath 2 checker_interval_msecs 200 0 1 1 round-robin 0 2 0 nbd://$addr_b:$port/ $K" \
+    > "$tmpdir/m.table"
+start_server --wrap "ip netns exec $nsa" --stderr "$tmpdir/log" ctl -f \
+    mapper remote-timeout=30 "$tmpdir/m.table"
+
+fio_start cut 10
+sleep 1
+ip -n "$nsb" link set vb down
+wait_path "$R" F
+kill -0 "$fio" || { cat "$tmpdir/cut.fio"; die "fio ended before the link came back"; }
+sleep 1                         # fio goes on through the local path
+ip -n "$nsb" link set vb up
+wait_path "$R" A
+fio_check cut
+status_ends " $R A 1 $K A 0"
+logged "path $(re "$R") failed \(no reply for [0-9]+ ms\), 1 of 2 paths left"
+logged "path $(re "$R") reinstated \(path checker\), 2 of 2 paths active"
+same_data "$disk"
+echo "$0: ok"
