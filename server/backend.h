@@ -96,10 +96,10 @@ struct backend_ops {
   struct device *(*lower_device) (struct backend *be);
   /* Optional: give up every clone of be whose end_io_ctx is owner (a
    * multipath target's path timed out): each completes with -EIO, and
-   * only once nothing can write into its buffer any more (the remote
-   * connection carrying it is closed first; the other clones on that
-   * connection are retried as after a lost connection).  Returns when
-   * they have completed.  From any thread but the I/O loop's.
+   * only once nothing can write into its buffer any more (nbd: the
+   * backend's connections are closed first, and the other clones on
+   * them retried as after a lost connection).  Returns when they have
+   * completed.  From any thread but the I/O loop's.
    */
   void (*abandon) (struct backend *be, void *owner);
   void (*close) (struct backend *be);

@@ -77,7 +77,8 @@ path_is () { ms status m | grep -q " $1 $2 "; }
 wait_path ()
 {
     wait_for path_is "$1" "$2" ||
-        { ms status m; tail -20 "$tmpdir/log"; die "path $1 never became $2"; }
+        { ms status m; grep -v 'debug: mapper\[' "$tmpdir/log" | tail -40
+          die "path $1 never became $2"; }
 }
 
 # fio_start NAME SECONDS [FIO-ARGS...]: a verified random read/write fio
@@ -87,7 +88,7 @@ fio_start ()
     local name=$1 secs=$2; shift 2
     ( cd "$tmpdir" &&
       exec timeout 120 fio --name="$name" --ioengine=nbd --uri="$dev_uri" \
-        --rw=randrw --bs=16k --size=16M --iodepth=8 --time_based \
+        --rw=randrw --bs=16k --size=16M --iodepth=8 --fsync=16 --time_based \
         --runtime="$secs" --verify=crc32c --verify_backlog=64 \
         --verify_fatal=1 --verify_state_save=0 "$@" ) \
         > "$tmpdir/$name.fio" 2>&1 &
@@ -127,5 +128,7 @@ status_ends ()
 {
     local s
     s=$(ms status m)
-    [[ $s == *"$1" ]] || die "status '$s' does not end with '$1'"
+    [[ $s == *"$1" ]] ||
+        { grep -v 'debug: mapper\[' "$tmpdir/log" | tail -30
+          die "status '$s' does not end with '$1'"; }
 }

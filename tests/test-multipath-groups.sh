@@ -67,7 +67,7 @@ logkit a
 logkit b
 echo "0 8192 multipath 2 checker_interval_msecs 200 0 2 1 round-robin 0 1 0 $A round-robin 0 1 0 $B" \
     > "$tmpdir/m.table"
-start_mapper "$tmpdir/m.table" remote-timeout=60
+start_mapper "$tmpdir/m.table" remote-timeout=600
 reads 10
 expect 10 0
 kill9 a
@@ -90,7 +90,7 @@ logkit a
 logkit b
 echo "0 8192 multipath 4 checker_interval_msecs 200 failback immediate 0 2 1 round-robin 0 1 0 $A round-robin 0 1 0 $B" \
     > "$tmpdir/m.table"
-start_mapper "$tmpdir/m.table" remote-timeout=60
+start_mapper "$tmpdir/m.table" remote-timeout=600
 reads 10
 kill9 a
 reads 10

@@ -5,7 +5,7 @@
 # local server on a Unix socket (both nbdkit over one file).  The link is
 # cut (set down: no RST, no FIN, the connections just stop answering) in
 # the middle of a verified fio run: fio sees no error, the path is failed
-# by its path timeout (remote-timeout is 30 s), and once the link is up
+# by its path timeout (remote-timeout is 600 s), and once the link is up
 # again the path checker reinstates it.  The device then reads back the
 # file.  The host's own interfaces are never touched; skips (77) without
 # iproute2 or the right to create namespaces.
@@ -41,7 +41,7 @@ R=nbd://$addr_b/                # as status prints it: 10809 is the default
 echo "0 32768 multipath 2 checker_interval_msecs 200 0 1 1 round-robin 0 2 0 nbd://$addr_b:$port/ $K" \
     > "$tmpdir/m.table"
 start_server --wrap "ip netns exec $nsa" --stderr "$tmpdir/log" ctl -f \
-    mapper remote-timeout=30 "$tmpdir/m.table"
+    -v -D nbdkit.backend.datapath=0 mapper remote-timeout=600 "$tmpdir/m.table"
 
 fio_start cut 10
 sleep 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # A multipath device with every path down: its two servers (nbdkit over
-# one file) killed with SIGKILL, remote-timeout 60 s.
+# one file) killed with SIGKILL, remote-timeout 600 s.
 #
 #  1. Without queue_if_no_path: a read fails with EIO (after the path
 #     timeout of each path, not remote-timeout), and works again once a
@@ -70,7 +70,7 @@ both_up () { kit a "$disk"; kit b "$disk"; wait_path "$A" A; wait_path "$B" A; }
 
 echo "0 8192 multipath 2 checker_interval_msecs 200 0 1 1 round-robin 0 2 0 $A $B" \
     > "$tmpdir/m.table"
-start_mapper "$tmpdir/m.table" remote-timeout=60
+start_mapper "$tmpdir/m.table" remote-timeout=600
 
 # --- 1. no queueing: EIO ------------------------------------------------
 read_check ok
@@ -108,7 +108,7 @@ both_up
 # --- 3. no_path_retry 3 ---------------------------------------------------
 echo "0 8192 multipath 4 no_path_retry 3 checker_interval_msecs 200 0 1 1 round-robin 0 2 0 $A $B" \
     > "$tmpdir/m.table"
-start_mapper "$tmpdir/m.table" remote-timeout=60
+start_mapper "$tmpdir/m.table" remote-timeout=600
 read_check ok
 both_down
 read_check EIO || die "case 3: a queued read did not fail after no_path_retry"
@@ -122,7 +122,7 @@ stop_server ctl
 # --- 4. shutdown with a queued read ----------------------------------------
 echo "0 8192 multipath 1 queue_if_no_path 0 1 1 round-robin 0 2 0 $A $B" \
     > "$tmpdir/m.table"
-start_mapper "$tmpdir/m.table" remote-timeout=60
+start_mapper "$tmpdir/m.table" remote-timeout=600
 read_check ok
 both_down
 read_bg gone

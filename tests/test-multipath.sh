@@ -6,7 +6,7 @@
 #  1. fio --verify runs while each server in turn is killed with SIGKILL
 #     and restarted: fio sees no error, the path is failed (status F,
 #     fail count 1, a logged event) and the path checker reinstates it
-#     once its server is back; remote-timeout is 60 s, so the failover is
+#     once its server is back; remote-timeout is 600 s, so the failover is
 #     the path timeout's (1 s).  The device then reads back the file.
 #  2. fail_path and reinstate_path under load: two paths failed by
 #     message, fio goes on through the third; failed by message, a path
@@ -33,7 +33,7 @@ K=$(kit_uri k) Q=$(qemu_uri q) N=$(nbds_uri n)
 cat > "$tmpdir/m.table" <<EOT
 0 32768 multipath 2 checker_interval_msecs 200 0 1 1 round-robin 0 3 0 $K $Q $N
 EOT
-start_mapper "$tmpdir/m.table" remote-timeout=60
+start_mapper "$tmpdir/m.table" remote-timeout=600
 ms status m
 [ "$(ms status m)" = "0 32768 multipath 2 0 0 0 1 1 E 0 3 0 $K A 0 $Q A 0 $N A 0" ] ||
     die "status of a fresh device: $(ms status m)"

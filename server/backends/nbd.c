@@ -625,12 +625,15 @@ owned (const struct nbd_cmd *cmd, const void *owner)
   return cmd->c && cmd->c->end_io_ctx == owner;
 }
 
-/* In the loop: close every connection carrying one of owner's commands
- * first (libnbd then lets go of its buffer: the late reply of a read
- * must never land in a client buffer reissued elsewhere and completed),
- * which puts them back on the wait list with the connection's other
- * commands; then fail owner's, the others are issued again as after
- * any lost connection.
+/* In the loop: close the connections first (libnbd then lets go of the
+ * buffers of their commands: the late reply of a read must never land in
+ * a client buffer reissued elsewhere and completed), which puts their
+ * commands back on the wait list; then fail owner's, the others are
+ * issued again as after any lost connection.  Every connection goes, not
+ * only those carrying owner's commands: the others reach the same server
+ * over the same network, and one that lived through a cut link may sit
+ * on a backed-off retransmission for seconds once the link is back,
+ * stalling the path again as soon as it is reinstated.
  */
 static void
 abandon_run (void *arg)
@@ -643,11 +646,8 @@ abandon_run (void *arg)
   if (nb->attached_gen != ioloop_generation () || !ioloop_in_loop_thread ())
     return;
   for (unsigned i = 0; i < nb->nr_conns; i++)
-    for (cmd = nb->conns[i].inflight.head; cmd; cmd = cmd->next)
-      if (owned (cmd, a->owner)) {
-        nbd_conn_drop (&nb->conns[i], "abandoned (multipath path timeout)");
-        break;
-      }
+    if (nb->conns[i].state == CONN_UP)
+      nbd_conn_drop (&nb->conns[i], "abandoned (multipath path timeout)");
   for (cmd = nb->waiting.head; cmd; cmd = next) {
     next = cmd->next;
     if (owned (cmd, a->owner)) {
