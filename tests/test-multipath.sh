@@ -8,6 +8,9 @@
 #     fail count 1, a logged event) and the path checker reinstates it
 #     once its server is back; remote-timeout is 600 s, so the failover is
 #     the path timeout's (1 s).  The device then reads back the file.
+#     A server killed and left down until the end of a fio run (which
+#     flushes every 16 writes): no error either, the flushes do without
+#     it.
 #  2. fail_path and reinstate_path under load: two paths failed by
 #     message, fio goes on through the third; failed by message, a path
 #     stays failed (the checker leaves it) until reinstate_path.
@@ -59,6 +62,17 @@ logged "multipath: device m: path $(re "$K") failed \(.*\), 2 of 3 paths left"
 logged "multipath: device m: path $(re "$N") reinstated \(path checker\), 3 of 3 paths active"
 same_data "$disk"
 
+# --- 1b. a server down for the rest of a run: flushes need not reach it
+# (the writes it carried are covered by flushes on the others).
+fio_start down 5
+sleep 1
+kill9 q
+wait_path "$Q" F
+fio_check down
+qemu q "$disk"
+wait_path "$Q" A
+same_data "$disk"
+
 # --- 2. fail_path / reinstate_path under load ---------------------------
 fio_start msg 6
 sleep 1
@@ -71,7 +85,7 @@ path_is "$K" F && path_is "$Q" F || die "the checker reinstated a path failed by
 ms message m 0 reinstate_path "$K"
 ms message m 0 reinstate_path "$Q"
 fio_check msg
-status_ends " $K A 2 $Q A 2 $N A 1"
+status_ends " $K A 2 $Q A 3 $N A 1"
 logged "path $(re "$K") failed \(fail_path message\), 2 of 3 paths left"
 logged "path $(re "$Q") reinstated \(message\), 3 of 3 paths active"
 same_data "$disk"
