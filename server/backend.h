@@ -58,6 +58,14 @@ struct clone {
                                  * I/O loop's or local pool's queue */
 };
 
+/* A clone flag beyond the request's (engine.h's MAPPER_*): the target has
+ * somewhere else to send the clone (a multipath's other paths), so a
+ * backend that loses the connection carrying it, or has none, fails it
+ * at once instead of holding it for a reconnection (Linux's
+ * REQ_FAILFAST_TRANSPORT, which dm-mpath sets on its clones).
+ */
+#define CLONE_FAILFAST 0x10000
+
 struct backend_ops {
   const char *kind;             /* "file", "nbd", "device": its kind's name */
   /* Local backends whose flush and FUA writes wait for a device: when a

@@ -82,8 +82,10 @@ io_emit_remap (struct io_req *req, struct backend *be, uint64_t offset,
 {
   int r = io_emit_end_io (req, be, offset, len, buf, end_io, ctx, arg);
 
-  if (r == 0)
+  if (r == 0) {
     req->clones[req->nr - 1].remap = remap;
+    req->clones[req->nr - 1].flags |= CLONE_FAILFAST;
+  }
   return r;
 }
 
@@ -272,8 +274,10 @@ io_sync_end_io (enum io_op op, struct backend *be, uint64_t offset,
 
   io_req_init (&req, op, 0);
   r = io_emit_end_io (&req, be, offset, len, buf, end_io, ctx, arg);
-  if (r == 0)
+  if (r == 0) {
+    req.clones[0].flags |= CLONE_FAILFAST;
     r = io_req_run (&req);
+  }
   io_req_release (&req);
   return r;
 }

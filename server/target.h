@@ -284,7 +284,11 @@ typedef int (*clone_remap_fn) (struct clone *c, void *ctx, uint64_t arg);
 int io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
                     uint64_t len, char *buf, clone_end_io_fn end_io,
                     void *ctx, uint64_t arg);
-/* io.c: io_emit_end_io with a remap hook (CLONE_REMAP). */
+/* io.c: io_emit_end_io with a remap hook (CLONE_REMAP).  The clone fails
+ * fast: a remote backend that loses the connection carrying it, or has
+ * none up, fails it at once rather than holding it for a reconnection,
+ * since the target has somewhere else to send it.
+ */
 int io_emit_remap (struct io_req *req, struct backend *be, uint64_t offset,
                    uint64_t len, char *buf, clone_end_io_fn end_io,
                    clone_remap_fn remap, void *ctx, uint64_t arg);
@@ -309,9 +313,9 @@ int io_sync (enum io_op op, struct backend *be, uint64_t offset,
  */
 uint64_t io_req_start_ns (struct io_req *req);
 /* io.c: io_sync through a completion hook (its CLONE_RETRY and
- * CLONE_REMAP are not allowed): for I/O of the target's own that
- * backend_abandon must be able to give up (multipath's probes and
- * flushes: ctx is the owner).  0 or -errno.
+ * CLONE_REMAP are not allowed), failing fast as io_emit_remap's clones:
+ * for I/O of the target's own that backend_abandon must be able to give
+ * up (multipath's probes and flushes: ctx is the owner).  0 or -errno.
  */
 int io_sync_end_io (enum io_op op, struct backend *be, uint64_t offset,
                     uint64_t len, char *buf, clone_end_io_fn end_io,

@@ -367,8 +367,12 @@ nbd_pump (struct nbd_backend *nb)
       continue;
     }
     if (conn == NULL) {
+      /* No connection up: a fail-fast clone fails now (its multipath
+       * sends it elsewhere), the others wait out the timeout.
+       */
       if (nb->down_since &&
-          ev_now (ioloop_ev ()) - nb->down_since >= nb->timeout) {
+          ((cmd->c && (cmd->c->flags & CLONE_FAILFAST)) ||
+           ev_now (ioloop_ev ()) - nb->down_since >= nb->timeout)) {
         list_remove (&nb->waiting, cmd);
         nb->nr_timeouts++;
         nbd_cmd_complete (cmd, -EIO);
