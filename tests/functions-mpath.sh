@@ -87,7 +87,7 @@ fio_start ()
 {
     local name=$1 secs=$2; shift 2
     ( cd "$tmpdir" &&
-      exec timeout 120 fio --name="$name" --ioengine=nbd --uri="$dev_uri" \
+      exec timeout -k 10 120 fio --name="$name" --ioengine=nbd --uri="$dev_uri" \
         --rw=randrw --bs=16k --size=16M --iodepth=8 --fsync=16 --time_based \
         --runtime="$secs" --verify=crc32c --verify_backlog=64 \
         --verify_fatal=1 --verify_state_save=0 "$@" ) \
