@@ -200,6 +200,10 @@ size_t table_find_target (const struct table *t, uint64_t off);
 /* The targets' suspend/resume/flush hooks (target.h), in table order. */
 void table_presuspend (struct table *t);
 void table_resume (struct table *t);
+/* Each target's preresume, before t runs again or becomes live: 0, or
+ * the first refusal (-errno, err names the target).
+ */
+int table_preresume (struct table *t, struct mapper_err *err);
 void table_postsuspend (struct table *t);
 int table_flush_hooks (struct table *t, uint32_t flags);
 int table_flush_paths (struct table *t);
