@@ -390,7 +390,7 @@ test_queueing (void)
   free (m);
   rd = (struct reader) { .dev = dev };
   CHECK_EQ (pthread_create (&t, NULL, reader, &rd), 0);
-  CHECK_EQ (msg (dev, "fail_if_no_path", &err), 0);
+  CHECK_EQ (msg (dev, "fail_if_no_path", &err), MESSAGE_TABLE_CHANGED);
   pthread_join (t, NULL);
   CHECK_EQ (rd.r, -EIO);
   CHECK_STATUS (dev, "2 0 0 0 1 1 E 0 1 0 %s F 2", A);
@@ -455,7 +455,7 @@ test_messages (void)
   CHECK_EQ (msg (dev, "enable_group 1", &err), 0);
   CHECK_STATUS (dev, "2 0 0 0 2 2 E 0 1 0 %s A 0 A 0 1 0 %s A 1", A, B);
   /* queue_if_no_path shows in the table. */
-  CHECK_EQ (msg (dev, "queue_if_no_path", &err), 0);
+  CHECK_EQ (msg (dev, "queue_if_no_path", &err), MESSAGE_TABLE_CHANGED);
   {
     int r;
     char *buf = device_table_text (dev, false, &r);

@@ -645,7 +645,8 @@ mpath_message (struct target *ti, unsigned argc, char **argv, char *reply,
     target_event (ti, "%s", q ? "queue_if_no_path: queueing when no path "
                   "is left" : "fail_if_no_path: failing I/O when no path "
                   "is left");
-    return 0;
+    /* The table's features say so: saved where the table is kept. */
+    return MESSAGE_TABLE_CHANGED;
   }
   if (strcasecmp (argv[0], "fail_path") != 0 &&
       strcasecmp (argv[0], "reinstate_path") != 0 &&
