@@ -20,14 +20,7 @@ requires ip -V
 
 nsa=nbdm-mpa-$$ nsb=nbdm-mpb-$$
 addr_a=10.78.0.1 addr_b=10.78.0.2 port=10809   # private to the namespaces
-netns_new "$nsa"
-netns_new "$nsb"
-netns_skip "create a veth pair" \
-    ip -n "$nsa" link add va type veth peer name vb netns "$nsb"
-ip -n "$nsa" addr add "$addr_a/30" dev va
-ip -n "$nsb" addr add "$addr_b/30" dev vb
-ip -n "$nsa" link set va up
-ip -n "$nsb" link set vb up
+netns_veth "$nsa" "$nsb" "$addr_a" "$addr_b"
 
 disk=$(mkfile disk.img 16M)
 fill_random "$disk" 16777216 11
