@@ -176,6 +176,7 @@ struct table {
   uint64_t **levels;
   unsigned depth;
   bool has_flush_failed;        /* some target has flush_failed() */
+  bool read_only;               /* table_set_read_only: no writes */
   backend_vector backends;      /* distinct, each referenced once */
   /* Those of backends the engine flushes (and looks at the error stamps
    * of): all but the paths of targets that flush their own
