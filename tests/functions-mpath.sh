@@ -77,7 +77,7 @@ path_is () { ms status m | grep -q " $1 $2 "; }
 wait_path ()
 {
     wait_for path_is "$1" "$2" ||
-        { ms status m; grep -v 'debug: mapper\[' "$tmpdir/log" | tail -40
+        { ms status m; grep -E 'multipath|nbd[+a-z]*://' "$tmpdir/log" | tail -40
           die "path $1 never became $2"; }
 }
 

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # A multipath device whose first path is an NBD server in another
 # network namespace, reached over a veth pair, and whose second is a
-# local server on a Unix socket (both nbdkit over one file).  The link is
+# local server on a Unix socket (qemu-nbd and nbdkit over one file).  The link is
 # cut (set down: no RST, no FIN, the connections just stop answering) in
 # the middle of a verified fio run and left down to its end: fio sees no
 # error, the path is failed by its path timeout (remote-timeout is 600
@@ -13,6 +13,8 @@
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions-mpath.sh"
 
 requires nbdkit --version
+requires qemu-nbd --version
+requires nbdinfo --version
 requires nbdcopy --version
 requires fio --version
 requires sh -c 'fio --enghelp=nbd 2>&1 | grep -q uri'
@@ -24,9 +26,20 @@ netns_veth "$nsa" "$nsb" "$addr_a" "$addr_b"
 
 disk=$(mkfile disk.img 16M)
 fill_random "$disk" 16777216 11
-start_server --wrap "ip netns exec $nsb" r -i "$addr_b" -p "$port" file "$disk"
-# Connections that lived through the cut may keep the server waiting for
-# their end at exit (see test-remote-netns.sh): not the server under test.
+# qemu-nbd, not nbdkit: nbdkit 1.32 aborts (connections.c raw_send_socket:
+# "Assertion `sock >= 0' failed") when a client closes a connection
+# while a worker is still sending a reply, which is what giving a path
+# up does to its server.
+rm -f "$tmpdir/r.pid"
+ip netns exec "$nsb" qemu-nbd -f raw -t --shared=64 -b "$addr_b" -p "$port" \
+    --pid-file="$tmpdir/r.pid" "$disk" 2> "$tmpdir/r.log" &
+_started r false
+wait_file "$tmpdir/r.pid"
+wait_for ip netns exec "$nsb" nbdinfo --size "nbd://$addr_b:$port/" ||
+    die "qemu-nbd in $nsb does not serve"
+# At exit with SIGKILL: connections that lived through the cut may keep
+# their end queued behind a backed-off retransmission (see
+# test-remote-netns.sh); it is not the server under test.
 cleanup_fn "stop_server r KILL"
 kit k "$disk"
 K=$(kit_uri k)
@@ -46,7 +59,9 @@ wait_path "$R" F
 # reissued on the local path.
 fio_check cut
 ip -n "$nsb" link set vb up
-wait_path "$R" A
+wait_for path_is "$R" A || {
+    kill -0 "$(cat "$tmpdir/r.pid")" || echo "the server in $nsb is gone"
+    tail -5 "$tmpdir/r.log"; wait_path "$R" A; }
 status_ends " $R A 1 $K A 0"
 logged "path $(re "$R") failed \(no reply for [0-9]+ ms\), 1 of 2 paths left"
 logged "path $(re "$R") reinstated \(path checker\), 2 of 2 paths active"
