@@ -178,6 +178,12 @@ struct table {
   bool has_flush_failed;        /* some target has flush_failed() */
   bool read_only;               /* table_set_read_only: no writes */
   backend_vector backends;      /* distinct, each referenced once */
+  /* Those of backends the engine flushes (and looks at the error stamps
+   * of): all but the paths of targets that flush their own
+   * (target_get_path).  No references of its own.
+   */
+  backend_vector flushed;
+  size_t nr_path_flushers;      /* targets whose type has .paths */
   stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;
   size_t nr_flush_hooks;        /* targets with a flush() hook */
@@ -201,6 +207,7 @@ void table_resume (struct table *t);
 int table_preresume (struct table *t, struct mapper_err *err);
 void table_postsuspend (struct table *t);
 int table_flush_hooks (struct table *t, uint32_t flags);
+int table_flush_paths (struct table *t);
 /* Send t's events to dev from now on (NULL: nowhere), once an event
  * being raised on t is done.  t may be NULL.  The swap calls it under
  * dev->lock; device_free before freeing dev.

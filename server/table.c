@@ -133,10 +133,10 @@ note_stack_use (struct table *t, struct backend *be, uint64_t end,
   return 0;
 }
 
-int
-target_get_backend (struct target *ti, const char *spec, uint64_t start,
-                    uint64_t len, struct backend **out,
-                    struct mapper_err *err)
+static int
+get_backend (struct target *ti, const char *spec, uint64_t start,
+             uint64_t len, bool flushed, struct backend **out,
+             struct mapper_err *err)
 {
   struct table *t = ti->table;
   struct backend *be;
@@ -181,18 +181,42 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
   }
   /* The table keeps one reference per distinct backend. */
   for (i = 0; i < t->backends.len; i++)
-    if (t->backends.ptr[i] == be) {
-      backend_put (be);
-      *out = be;
-      return 0;
-    }
-  if (backend_vector_append (&t->backends, be) == -1) {
+    if (t->backends.ptr[i] == be)
+      break;
+  if (i < t->backends.len)
+    backend_put (be);
+  else if (backend_vector_append (&t->backends, be) == -1) {
     backend_put (be);
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }
+  if (flushed) {
+    for (i = 0; i < t->flushed.len; i++)
+      if (t->flushed.ptr[i] == be)
+        break;
+    /* No reference of its own: be stays in backends (the table's). */
+    if (i == t->flushed.len && backend_vector_append (&t->flushed, be) == -1) {
+      mapper_err_set (err, "out of memory");
+      return -ENOMEM;
+    }
+  }
   *out = be;
   return 0;
+}
+
+int
+target_get_backend (struct target *ti, const char *spec, uint64_t start,
+                    uint64_t len, struct backend **out,
+                    struct mapper_err *err)
+{
+  return get_backend (ti, spec, start, len, true, out, err);
+}
+
+int
+target_get_path (struct target *ti, const char *spec, uint64_t start,
+                 uint64_t len, struct backend **out, struct mapper_err *err)
+{
+  return get_backend (ti, spec, start, len, false, out, err);
 }
 
 /* Merge the backends' and targets' capabilities into the table's. */
@@ -238,6 +262,7 @@ table_free (struct table *t)
   for (size_t i = 0; i < t->backends.len; i++)
     backend_put (t->backends.ptr[i]);
   backend_vector_reset (&t->backends);
+  backend_vector_reset (&t->flushed);
   stack_use_vector_reset (&t->stack_uses);
   free (t->targets);
   free (t->ends);
@@ -486,8 +511,10 @@ table_parse (const char *text, const char *origin, struct table **out,
     r = -ENOMEM;
     goto err;
   }
-  for (size_t i = 0; i < t->nr_targets; i++)
+  for (size_t i = 0; i < t->nr_targets; i++) {
     t->nr_flush_hooks += t->targets[i].type->flush != NULL;
+    t->nr_path_flushers += t->targets[i].type->paths;
+  }
   table_merge_caps (t);
   string_vector_reset (&words);
   *out = t;
@@ -678,6 +705,25 @@ table_postsuspend (struct table *t)
   for (size_t i = 0; i < t->nr_targets; i++)
     if (t->targets[i].type->postsuspend)
       t->targets[i].type->postsuspend (&t->targets[i]);
+}
+
+/* Suspend's flush of the paths of targets that flush their own
+ * (target_type.paths): their flush hooks.
+ */
+int
+table_flush_paths (struct table *t)
+{
+  struct io_req req;
+  int r = 0;
+
+  if (t->nr_path_flushers == 0)
+    return 0;
+  io_req_init (&req, IO_FLUSH, 0);
+  for (size_t i = 0; i < t->nr_targets && r == 0; i++)
+    if (t->targets[i].type->paths)
+      r = t->targets[i].type->flush (&t->targets[i], &req);
+  io_req_release (&req);
+  return r;
 }
 
 /* Called for each device flush of a table with nr_flush_hooks > 0. */
