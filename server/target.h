@@ -194,6 +194,32 @@ int target_read_group (const char *what, unsigned min, unsigned max,
 void mapper_err_prefix (struct mapper_err *err, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 
+/* target.c: for targets whose state outlives one table (thin-pool's pool
+ * object, shared by every reload of the pool device and by the thin
+ * devices bound to it, as dm keys a pool by its device): a reference to
+ * be of their own, beyond the table's (target_backend_put drops it; the
+ * last reference closes the backend).
+ */
+void target_backend_hold (struct backend *be);
+void target_backend_put (struct backend *be);
+/* target.c: be's size in bytes.  0 or -errno. */
+int target_backend_size (struct backend *be, uint64_t *size);
+/* target.c: make every write completed on be so far durable (flush.c's
+ * coalesced flush: nothing to do when be is clean).  0 or -errno.
+ */
+int target_flush_backend (struct backend *be);
+/* target.c: be stacks on a device (mapper:NAME, target_get_backend): call
+ * fn on the first target of type type_name in that device's live table,
+ * under the device's lock (so the table cannot be swapped meanwhile: fn
+ * takes a reference on whatever it keeps, and takes only leaf locks).
+ * A thin target binds to its pool so (dm's dm_get_md + __pool_table_lookup).
+ * fn's result, -ENODEV if be stacks on no device, -ENOENT if the live
+ * table (or its absence) has no such target.
+ */
+int target_find_peer (struct backend *be, const char *type_name,
+                      int (*fn) (struct target *peer, void *opaque),
+                      void *opaque);
+
 /* --- status --------------------------------------------------------- */
 
 /* target.c: dm's DMEMIT.  Append printf-style output at buf + used,

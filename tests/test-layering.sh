@@ -42,7 +42,7 @@ leaf ()
     done
     [ -z "$bad" ] || die "server/$dir/ may include only $* and its own headers"
 }
-leaf targets target.h util.h
+leaf targets target.h util.h pdata/thin-metadata.h
 leaf backends backend.h util.h
 
 # one_list WHAT DEF MACRO DIR STRUCT SUFFIX: the names server/DEF lists
