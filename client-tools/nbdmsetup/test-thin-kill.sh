@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# kill -9 torture (tests/thin_torture.py): a writer flushing often on a
+# thin volume (with a fresh snapshot of it each round, so that writes
+# break sharing too), the server killed with SIGKILL at a random moment,
+# thin_check on the metadata it left, and after the restart every write
+# acknowledged before a successful flush is there.
+source "$(dirname "$0")/functions-ms.sh"
+requires nbdsh --version
+requires thin_check -V
+
+md=$(mkfile md.img 8M)
+data=$(mkfile data.img 64M)
+mkdir "$tmpdir/tables"
+start_server ctl mapper tables="$tmpdir/tables"
+ms create pool --table "0 131072 thin-pool $md $data 128 0"
+ms message pool 0 create_thin 1
+ms create t1 --table "0 65536 thin mapper:pool 1"
+stop_server ctl
+
+torture=$top_srcdir/tests/thin_torture.py
+slot=20480 nslots=600     # slots of 20 KiB: some cross a 64 KiB block
+RANDOM=${SEED:-14}
+for round in 1 2 3 4 5 6; do
+    start_server --stderr "$tmpdir/log$round" ctl -f mapper tables="$tmpdir/tables"
+    python3 "$torture" check "$sock" t1 $slot $nslots "$tmpdir/state.json" \
+        2>/dev/null || [ "$round" = 1 ] ||
+        { tail "$tmpdir/log$round"; die "round $round: flushed writes lost"; }
+    ms message pool 0 delete $((round + 99)) 2>/dev/null || :
+    ms suspend t1
+    ms message pool 0 create_snap $((round + 100)) 1
+    ms resume t1
+    python3 "$torture" write "$sock" t1 $slot $nslots $round \
+            "$tmpdir/state.json" > "$tmpdir/writer$round" 2>&1 &
+    writer=$!
+    sleep "0.$((RANDOM % 9 + 1))$((RANDOM % 10))"
+    sleep $((RANDOM % 2))
+    stop_server ctl KILL
+    wait $writer || :
+    grep -q 'writer stopped' "$tmpdir/writer$round" ||
+        { cat "$tmpdir/writer$round"; die "round $round: writer failed"; }
+    thin_check "$md" || die "round $round: thin_check after kill -9"
+done
+start_server ctl mapper tables="$tmpdir/tables"
+python3 "$torture" check "$sock" t1 $slot $nslots "$tmpdir/state.json" ||
+    die "flushed writes lost after the last kill"
+stop_server ctl
+thin_check "$md" || die "thin_check"
+echo "$0: ok"

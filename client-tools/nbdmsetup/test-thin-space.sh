@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# A thin pool running out of data space, as dm's: the low water mark
+# raises an event (nbdmsetup wait returns, logged); with
+# error_if_no_space a write that needs a block fails with ENOSPC and the
+# status says out_of_data_space; without it the write is queued, and a
+# reload of the pool over a larger data device grows the pool and lets
+# it finish.  Writes to provisioned blocks go on meanwhile.
+source "$(dirname "$0")/functions-ms.sh"
+requires nbdsh --version
+requires thin_check -V
+
+ev () { ms info "$1" | sed -n 's/^Event number: *//p'; }
+st () { ms status pool | cut -d' ' -f6-; }
+
+md=$(mkfile md.img 4M)
+data=$(mkfile data.img 2M)          # 32 blocks of 64 KiB
+mkdir "$tmpdir/tables"
+start_server --stderr "$tmpdir/log" ctl -f mapper tables="$tmpdir/tables"
+ms create pool --table "0 4096 thin-pool $md $data 128 8 1 error_if_no_space"
+ms message pool 0 create_thin 1
+ms create t1 --table "0 65536 thin mapper:pool 1"
+uri="nbd+unix:///t1?socket=$sock"
+
+# 1. The low water mark: 8 free blocks left after 24 are used.
+e=$(ev pool)
+nbdsh -u "$uri" -c 'h.pwrite(b"\1" * (23 << 16), 0)'
+[ "$(ev pool)" = "$e" ] || die "event before the low water mark"
+ms --json wait pool "$e" --timeout 30 > "$tmpdir/wait" &
+waiter=$!
+nbdsh -u "$uri" -c 'h.pwrite(b"\2" * 65536, 23 << 16)'
+wait $waiter || die "no event at the low water mark (now $(ev pool))"
+grep -E 'thin-pool: device pool: reached low water mark for data device \(8 free blocks, mark 8\)' \
+     "$tmpdir/log" || { cat "$tmpdir/log"; die "low water mark not logged"; }
+st | grep -q '^24/32 - rw ' || die "status: $(st)"
+
+# 2. error_if_no_space: the 33rd block fails with ENOSPC; the rest works.
+nbdsh -u "$uri" -c '
+import errno
+h.pwrite(b"\3" * (8 << 16), 24 << 16)
+try:
+    h.pwrite(b"\4", 40 << 16)
+    assert False, "a write past the end of the data space worked"
+except nbd.Error as e:
+    assert e.errnum == errno.ENOSPC, e
+h.pwrite(b"\5" * 4096, 0)           # provisioned: fine
+assert h.pread(4096, 0) == b"\5" * 4096
+assert h.pread(1, 40 << 16) == b"\0"
+'
+st | grep -q '^32/32 - out_of_data_space discard_passdown error_if_no_space ' ||
+    die "status: $(st)"
+grep -q 'switching pool to out-of-data-space mode' "$tmpdir/log" ||
+    die "mode change not logged"
+
+# 3. queue_if_no_space: the write waits until the pool grows.
+ms reload pool --table "0 4096 thin-pool $md $data 128 8"
+ms resume pool
+nbdsh -u "$uri" -c '
+import time
+c = h.aio_pwrite(b"\6" * 65536, 41 << 16)
+# queued, not failed: the status says so and the write is still there
+for i in range(20):
+    h.poll(50)
+assert not h.aio_command_completed(c), "the queued write completed"
+with open("'"$tmpdir/queued"'", "w") as f: f.write("1")
+while not h.aio_command_completed(c):
+    h.poll(1000)
+assert h.pread(65536, 41 << 16) == b"\6" * 65536
+' &
+writer=$!
+wait_file "$tmpdir/queued"
+st | grep -q '^32/32 - out_of_data_space discard_passdown queue_if_no_space ' ||
+    die "status while queued: $(st)"
+truncate -s 4M "$data"
+ms reload pool --table "0 8192 thin-pool $md $data 128 8"
+ms resume pool
+wait $writer || die "the queued write did not finish after the pool grew"
+st | grep -q '^33/64 - rw ' || die "status after growing: $(st)"
+nbdsh -u "$uri" -c 'assert h.pread(65536, 0)[:4096] == b"\5" * 4096'
+
+ms remove t1
+ms remove pool
+stop_server ctl
+thin_check "$md" || die "thin_check"
+echo "$0: ok"
