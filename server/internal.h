@@ -177,6 +177,10 @@ struct table {
   unsigned depth;
   bool has_flush_failed;        /* some target has flush_failed() */
   backend_vector backends;      /* distinct, each referenced once */
+  /* Those of backends that only target_get_backend_read_only asked for
+   * (no reference of their own): left out of the write capabilities.
+   */
+  backend_vector read_only;
   stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;
   size_t nr_flush_hooks;        /* targets with a flush() hook */

@@ -133,10 +133,42 @@ note_stack_use (struct table *t, struct backend *be, uint64_t end,
   return 0;
 }
 
+/* Is be in t's read-only uses (target_get_backend_read_only)?  Its
+ * index there, or -1.
+ */
+static ssize_t
+read_only_index (const struct table *t, const struct backend *be)
+{
+  for (size_t i = 0; i < t->read_only.len; i++)
+    if (t->read_only.ptr[i] == be)
+      return i;
+  return -1;
+}
+
+static int get_backend (struct target *ti, const char *spec, uint64_t start,
+                        uint64_t len, bool read_only, struct backend **out,
+                        struct mapper_err *err);
+
 int
 target_get_backend (struct target *ti, const char *spec, uint64_t start,
                     uint64_t len, struct backend **out,
                     struct mapper_err *err)
+{
+  return get_backend (ti, spec, start, len, false, out, err);
+}
+
+int
+target_get_backend_read_only (struct target *ti, const char *spec,
+                              uint64_t start, uint64_t len,
+                              struct backend **out, struct mapper_err *err)
+{
+  return get_backend (ti, spec, start, len, true, out, err);
+}
+
+static int
+get_backend (struct target *ti, const char *spec, uint64_t start,
+             uint64_t len, bool read_only, struct backend **out,
+             struct mapper_err *err)
 {
   struct table *t = ti->table;
   struct backend *be;
@@ -179,14 +211,23 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
     mapper_err_set (err, "out of memory");
     return r;
   }
-  /* The table keeps one reference per distinct backend. */
+  /* The table keeps one reference per distinct backend.  A backend
+   * only read through (an external origin) does not make the table
+   * read-only: it is in read_only until a target asks to write it.
+   */
   for (i = 0; i < t->backends.len; i++)
     if (t->backends.ptr[i] == be) {
+      ssize_t k = read_only_index (t, be);
       backend_put (be);
+      if (!read_only && k >= 0)
+        backend_vector_remove (&t->read_only, k);
       *out = be;
       return 0;
     }
-  if (backend_vector_append (&t->backends, be) == -1) {
+  if (backend_vector_append (&t->backends, be) == -1 ||
+      (read_only && backend_vector_append (&t->read_only, be) == -1)) {
+    if (t->backends.len && t->backends.ptr[t->backends.len - 1] == be)
+      t->backends.len--;
     backend_put (be);
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
@@ -213,11 +254,13 @@ table_merge_caps (struct table *t)
     t->has_flush_failed |= t->targets[i].type->flush_failed != NULL;
   for (size_t i = 0; i < t->backends.len; i++) {
     const struct mapper_caps *b = &t->backends.ptr[i]->caps;
-    c->can_write &= b->can_write;
     c->can_flush &= b->can_flush;
-    c->can_trim &= b->can_trim;
-    c->can_zero &= b->can_zero;
-    c->can_fast_zero &= b->can_fast_zero;
+    if (read_only_index (t, t->backends.ptr[i]) < 0) {
+      c->can_write &= b->can_write;
+      c->can_trim &= b->can_trim;
+      c->can_zero &= b->can_zero;
+      c->can_fast_zero &= b->can_fast_zero;
+    }
     c->can_extents &= b->can_extents;
     c->can_multi_conn &= b->can_multi_conn;
     c->block_min = MAX (c->block_min, b->block_min);
@@ -238,6 +281,7 @@ table_free (struct table *t)
   for (size_t i = 0; i < t->backends.len; i++)
     backend_put (t->backends.ptr[i]);
   backend_vector_reset (&t->backends);
+  backend_vector_reset (&t->read_only);
   stack_use_vector_reset (&t->stack_uses);
   free (t->targets);
   free (t->ends);

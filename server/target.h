@@ -135,6 +135,15 @@ int target_get_backend (struct target *ti, const char *spec,
                         uint64_t start, uint64_t len,
                         struct backend **out, struct mapper_err *err);
 
+/* table.c: the same for a backend the target only ever reads (thin's
+ * external origin): a read-only backend does not make the table
+ * read-only, unless another target of the table writes to it.
+ */
+int target_get_backend_read_only (struct target *ti, const char *spec,
+                                  uint64_t start, uint64_t len,
+                                  struct backend **out,
+                                  struct mapper_err *err);
+
 /* table.c: zeroed memory for the target's private struct (needing at
  * most 8-byte alignment), inside ti itself when it fits, else from
  * malloc.  NULL if out of memory.  Free it with target_private_free (ti,

@@ -496,7 +496,8 @@ thin_ctr (struct target *ti, unsigned argc, char **argv,
     goto fail;
   }
   if (origin_spec) {
-    r = target_get_backend (ti, origin_spec, 0, 0, &tc->origin_be, err);
+    r = target_get_backend_read_only (ti, origin_spec, 0, 0, &tc->origin_be,
+                                      err);
     if (r < 0) {
       mapper_err_prefix (err, "external origin");
       goto fail;
