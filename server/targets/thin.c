@@ -51,6 +51,16 @@ struct thin_c {
 
 #define COPY_CHUNK (1024 * 1024)
 
+/* A lookup failed (not "unmapped"): the metadata is damaged or cannot
+ * be read, and the pool goes read-only (dm's metadata_operation_failed).
+ */
+static int
+lookup_failed (struct thin_c *tc, int r)
+{
+  pool_md_failed (tc->pool, "mapping lookup", r, NULL);
+  return -EIO;
+}
+
 /* --- reads ------------------------------------------------------------ */
 
 /* Unmapped [pos, end) of a read: the origin's data, or zeros. */
@@ -88,7 +98,7 @@ thin_read (struct thin_c *tc, struct io_req *req, uint64_t off, uint64_t len,
     if (r == -ENODATA)
       return read_unmapped (tc, req, off, pos, end, buf);
     if (r < 0)
-      return -EIO;
+      return lookup_failed (tc, r);
     if (vb * bs > pos) {
       if ((r = read_unmapped (tc, req, off, pos, vb * bs, buf)) < 0)
         return r;
@@ -178,7 +188,7 @@ thin_provision (struct thin_c *tc, enum io_op op, uint64_t vblock,
   pthread_rwlock_rdlock (&p->commit_rw);
   r = thin_md_find_block (tc->td, vblock, &old, &shared);
   if (r < 0 && r != -ENODATA) {
-    r = -EIO;
+    r = lookup_failed (tc, r);
     goto out;
   }
   mapped = r == 0;
@@ -243,7 +253,7 @@ thin_write (struct thin_c *tc, struct io_req *req, enum io_op op,
 
     r = thin_md_find_block (tc->td, vb, &db, &shared);
     if (r < 0 && r != -ENODATA)
-      return -EIO;
+      return lookup_failed (tc, r);
     if (r == 0 && !shared && !fua)
       r = io_emit (req, tc->pool_be, db * bs + boff, n, pbuf);
     else if (r == 0 && !shared)
