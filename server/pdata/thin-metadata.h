@@ -138,4 +138,29 @@ int thin_md_set_needs_check (struct thin_md *md);
  */
 bool thin_md_failed (struct thin_md *md);
 
+/* Extensions to the first contract (see thin-api-changes.md). */
+
+/* The message of the last error inside the metadata (for the functions
+ * above that take no err: lookups, inserts, allocations), one line
+ * naming the block; "" if none.
+ */
+void thin_md_last_error (struct thin_md *md, char *err);
+
+/* Every device, committed or not, in dev id order (what thin_dump would
+ * show after a commit).  fn returns nonzero to stop the walk.
+ */
+struct thin_md_dev_info {
+  uint64_t dev_id;
+  uint64_t mapped_blocks;
+  uint64_t transaction_id;
+  uint32_t creation_time;
+  uint32_t snapshotted_time;
+};
+int thin_md_list_devices (struct thin_md *md,
+                          int (*fn) (void *opaque,
+                                     const struct thin_md_dev_info *info),
+                          void *opaque);
+/* The superblock's time (raised by each snapshot) and flags word. */
+uint32_t thin_md_get_time (struct thin_md *md);
+
 #endif /* NBDMAPPER_PDATA_THIN_METADATA_H */
