@@ -105,7 +105,8 @@ fails 'set_transaction_id: the transaction id is 0, not 3' \
     ms message pool 0 set_transaction_id 3 4
 fails "set_transaction_id: invalid transaction id 'x'" \
     ms message pool 0 set_transaction_id 0 x
-fails 'release_metadata_snap' ms message pool 0 release_metadata_snap
+fails 'release_metadata_snap: no metadata snapshot held' \
+    ms message pool 0 release_metadata_snap
 fails 'does not accept messages' ms message t1 0 create_thin 3
 [ "$(ms status pool)" = "$before" ] ||
     die "status changed: $before -> $(ms status pool)"

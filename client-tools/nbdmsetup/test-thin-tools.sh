@@ -71,7 +71,8 @@ python3 "$check" "$sock" t2 "$m2" || die "t2 reads"
 ms message pool 0 reserve_metadata_snap
 held=$(ms status pool | cut -d' ' -f7)
 [ "$held" != - ] || die "no held root: $(ms status pool)"
-fails 'reserve_metadata_snap' ms message pool 0 reserve_metadata_snap
+fails 'reserve_metadata_snap: a metadata snapshot is already held' \
+    ms message pool 0 reserve_metadata_snap
 # Blocks 20..24 are shared: writing t1's block 2 copies it.
 nbdsh -u "nbd+unix:///t1?socket=$sock" -c '
 h.pwrite(b"\xee" * 4096, 2 * 65536 + 8192)

@@ -98,10 +98,17 @@ set_mode (struct pool *p, enum pool_mode m, const char *why)
 void
 pool_md_failed (struct pool *p, const char *op, int r, const char *err)
 {
-  char why[PD_ERR_LEN + 128], aerr[PD_ERR_LEN] = "";
+  char why[PD_ERR_LEN + 128], aerr[PD_ERR_LEN] = "", last[PD_ERR_LEN] = "";
 
+  /* The library's own line for calls that take no err (lookups,
+   * inserts, allocations).
+   */
+  if (err == NULL || *err == '\0') {
+    thin_md_last_error (p->md, last);
+    err = last;
+  }
   snprintf (why, sizeof why, "%s failed: %s", op,
-            err && *err ? err : mapper_strerror (-r));
+            *err ? err : mapper_strerror (-r));
   atomic_store (&p->commit_failed, true);
   /* dm's abort_transaction: back to the last commit, needs_check set,
    * and no more changes until an administrator has checked it.
@@ -826,6 +833,11 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
   else
     r = thin_md_release_metadata_snap (p->md, perr);
 
+  if (r < 0 && *cmd == 'r' && *perr) {
+    /* reserve_/release_metadata_snap: the library says it best. */
+    mapper_err_set (err, "%s: %s", cmd, perr);
+    return r;
+  }
   if (r < 0) {
     int m = md_msg_error (p, cmd, r, perr, id, id2, err);
     if (r != -EEXIST && r != -ENODATA && r != -EBUSY && r != -EINVAL &&
