@@ -52,8 +52,12 @@ def writer(sock, name, slot_size, nslots, seed, path):
     except FileNotFoundError:
         state = {"flushed": [0] * nslots, "written": [0] * nslots, "gen": 0}
     h = nbdcheck.connect(sock, name)
-    written = list(state["written"])
-    gen = state["gen"]
+    # What this run's flushes make durable: the writes it makes, and of
+    # the previous run's only what its last flush covered (those after it
+    # may or may not have landed: state["written"] keeps their bound).
+    # Gens stay unique across runs.
+    written = list(state["flushed"])
+    gen = max([state["gen"]] + state["written"])
     try:
         while True:
             for _ in range(rng.randrange(1, 8)):

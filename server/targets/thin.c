@@ -23,8 +23,8 @@
  * - Discard unmaps whole blocks, and passes the data blocks that no one
  *   else shares down to the pool (and so the data device) unless
  *   ignore_discard or no_discard_passdown.
- * - A FUA write is done synchronously and commits the pool's metadata.
- *   A flush reaches the pool's flush hook through mapper:POOL.
+ * - A FUA write is done synchronously and commits the pool's metadata,
+ *   and so does a flush (thin_flush).
  * - Extents: unprovisioned runs are holes (without an external origin,
  *   the origin's extents there), so copies of a thin volume stay sparse.
  */
@@ -335,6 +335,20 @@ thin_map (struct target *ti, struct io_req *req, uint64_t off, uint64_t len,
   }
 }
 
+/* A flush of the thin device commits the pool (dm: a REQ_PREFLUSH bio
+ * to a thin device waits for the pool's commit).  Not left to the flush
+ * of mapper:POOL that follows: provisioning writes go to the data
+ * backend directly, so that backend may look clean to the thin table's
+ * flush.
+ */
+static int
+thin_flush (struct target *ti, struct io_req *req)
+{
+  struct thin_c *tc = ti->private;
+
+  return pool_commit (tc->pool);
+}
+
 /* --- extents ---------------------------------------------------------- */
 
 static int
@@ -554,4 +568,5 @@ const struct target_type thin_target = {
   .extents = thin_extents,
   .status = thin_status,
   .iterate_backends = thin_iterate_backends,
+  .flush = thin_flush,
 };
