@@ -95,6 +95,18 @@ ms message pool 0 release_metadata_snap
 ms status pool | grep -q '^0 8192 thin-pool 7 [0-9]*/1024 12/64 ' ||
     die "pool status after the copy: $(ms status pool)"
 
+# Reloads: a thin device (its new table opens the volume while the old
+# one has it open) and the pool (the same pool object: the volumes keep
+# working, nothing is lost).
+ms reload t2 --table "0 16384 thin mapper:pool 2"
+ms resume t2
+python3 "$check" "$sock" t2 "$m2" || die "t2 after its reload"
+ms reload pool --table "0 8192 thin-pool $md $data 128 5"
+ms resume pool
+ms table pool | grep -q " 128 5 0$" || die "pool table: $(ms table pool)"
+python3 "$check" "$sock" t2 "$m2" || die "t2 after the pool's reload"
+fails 'delete: device 2 is open' ms message pool 0 delete 2
+
 ms remove t1
 ms remove t2
 ms remove pool

@@ -120,6 +120,24 @@ pool_md_failed (struct pool *p, const char *op, int r, const char *err)
 
 /* --- commit --------------------------------------------------------- */
 
+/* Out of data space, a commit may have freed blocks (discards, deletes):
+ * back to write mode, and wake the queued writes (dm's
+ * check_for_data_space).
+ */
+static void
+space_freed (struct pool *p)
+{
+  uint64_t nfree = 0;
+
+  if (thin_md_get_free_data_blocks (p->md, &nfree) < 0 || nfree == 0)
+    return;
+  set_mode (p, PM_WRITE, NULL);
+  pthread_mutex_lock (&p->lock);
+  p->space_gen++;
+  pthread_cond_broadcast (&p->space_cond);
+  pthread_mutex_unlock (&p->lock);
+}
+
 int
 pool_commit (struct pool *p)
 {
@@ -141,6 +159,8 @@ pool_commit (struct pool *p)
     }
   }
   pthread_rwlock_unlock (&p->commit_rw);
+  if (r == 0 && pool_mode (p) == PM_OUT_OF_DATA_SPACE)
+    space_freed (p);
   return r < 0 ? -EIO : 0;
 }
 
@@ -225,6 +245,22 @@ pool_type_stop (void)
   pthread_mutex_unlock (&worker_lock);
   if (join)
     pthread_join (worker_thread, NULL);
+  /* A last commit of every pool while the I/O loop (a remote metadata or
+   * data device) still runs: the tables, and thin_md_close, go later.
+   */
+  for (struct pool *p = NULL, *next;; p = next) {
+    pthread_mutex_lock (&pools_lock);
+    next = p ? p->next : pools;
+    if (next)
+      next->refs++;
+    pthread_mutex_unlock (&pools_lock);
+    if (p)
+      pool_put (p);
+    if (next == NULL)
+      break;
+    if (!atomic_load (&next->commit_failed) && thin_md_changed (next->md))
+      pool_commit (next);
+  }
 }
 
 /* --- data blocks ------------------------------------------------------ */
@@ -351,6 +387,11 @@ pool_free (struct pool *p)
 {
   char err[PD_ERR_LEN] = "";
 
+  /* thin_md_close would commit what changed, but without flushing the
+   * data device first.
+   */
+  if (p->md && !atomic_load (&p->commit_failed) && thin_md_changed (p->md))
+    pool_commit (p);
   if (p->md && thin_md_close (p->md, err) < 0 && mapper_log)
     mapper_log ("thin-pool: %s: closing the metadata failed: %s",
                 backend_name (p->md_be), err);
