@@ -44,6 +44,35 @@ head -1 "$dir/empty1.table" | grep -qx '# nbdmapper-no-table' || die "empty1 fil
 [ "$(ms table c1)" = "0 100 linear $a 0" ] || die "inactive table was saved"
 stop_server ctl
 
+# A remove changes nothing when its file cannot go (before, the device
+# went and its file stayed: the restart brought back a device whose
+# remove had failed), nor when the device refuses (held by a stacked
+# device): its file is put back.  An immutable DIR makes the file's
+# removal fail even for root; skipped where chattr +i does not work.
+start_server ctl mapper tables="$dir"
+ms create keep --table "0 8 zero"
+ms create up --table "0 8 linear mapper:keep 0"
+fails "is in use by device 'up'" ms remove keep
+[ -f "$dir/keep.table" ] || die "keep.table not put back after a refused remove"
+[ -z "$(ls -A "$dir" | grep '\.tmp$')" ] || die "temp file left: $(ls -A "$dir")"
+ms remove up
+if chattr +i "$dir" 2>/dev/null; then
+    fails "tables=.*: removing keep.table: Operation not permitted" \
+        ms remove keep
+    chattr -i "$dir"
+    ms info keep > /dev/null || die "keep gone after a remove that failed"
+    [ -f "$dir/keep.table" ] || die "keep.table gone"
+    stop_server ctl
+    start_server ctl mapper tables="$dir"
+    ms info keep > /dev/null || die "keep not there after the restart"
+else
+    echo "$0: chattr +i not supported here: skipping the immutable DIR case"
+fi
+ms remove keep
+[ ! -e "$dir/keep.table" ] || die "keep.table left after remove"
+[ -z "$(ls -A "$dir" | grep '\.tmp$')" ] || die "temp file left: $(ls -A "$dir")"
+stop_server ctl
+
 # A device loaded from elsewhere (table=FILE, an earlier tables=DIR)
 # is loaded from there again at a restart: a change saved in DIR would
 # stand beside it ("already exists") and the server would not start.

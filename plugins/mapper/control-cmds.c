@@ -550,13 +550,18 @@ cmd_remove (struct reply *rp, struct proto_request *req)
     device_put (dev);
     return -1;
   }
+  /* The file first: a device removed whose file could not be was back
+   * at the next start, after a remove that had reported failure.
+   */
+  if (persist_remove_begin (req->args[0], &msg) < 0) {
+    device_put (dev);
+    return persist_reply (rp, EIO, msg);
+  }
   r = device_remove (dev, req->flags & PROTO_F_FORCE, &err);
   device_put (dev);
+  persist_remove_end (req->args[0], r == 0);
   if (r < 0)
     return reply_fail (rp, -r, "remove: %s", err.msg);
-  /* The device is gone; say the file could not follow. */
-  if (persist_remove (req->args[0], &msg) < 0)
-    return persist_reply (rp, EIO, msg);
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #ifndef NBDMAPPER_CONTROL_INTERNAL_H
 #define NBDMAPPER_CONTROL_INTERNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -56,6 +57,12 @@ int persist_write (const char *name, const char *uuid, const char *text,
  * loaded from elsewhere is not: -EPERM.
  */
 int persist_check_saved (const char *name, char **msg);
+/* Remove NAME.table: persist_remove_begin moves it aside (durably);
+ * persist_remove_end (removed) deletes it, or puts it back when the
+ * device stayed (failures logged).  persist_remove does both.
+ */
+int persist_remove_begin (const char *name, char **msg);
+void persist_remove_end (const char *name, bool removed);
 int persist_remove (const char *name, char **msg);
 int persist_rename (const char *old, const char *new, char **msg);
 

@@ -131,6 +131,16 @@ table_path (const char *name)
     : path;
 }
 
+/* DIR/.NAME.table.tmp, malloc'd; NULL if out of memory. */
+static char *
+tmp_path (const char *name)
+{
+  char *path;
+
+  return asprintf (&path, "%s/.%s.table.tmp", tables_dir, name) == -1 ? NULL
+    : path;
+}
+
 /* *msg := "tables=DIR: WHAT NAME.table: <error -r>" (NULL if out of
  * memory); returns r.
  */
@@ -199,8 +209,7 @@ persist_write (const char *name, const char *uuid, const char *text,
   }
   text = all;
   len = strlen (text);
-  if (asprintf (&tmp, "%s/.%s.table.tmp", tables_dir, name) == -1 ||
-      (path = table_path (name)) == NULL) {
+  if ((tmp = tmp_path (name)) == NULL || (path = table_path (name)) == NULL) {
     r = -ENOMEM;
     goto out;
   }
@@ -267,22 +276,73 @@ persist_check_saved (const char *name, char **msg)
   return r < 0 ? persist_failed (r, "looking for", name, msg) : 0;
 }
 
+/* A remove in two steps, so that a failure on either side changes
+ * nothing: NAME.table moves aside to .NAME.table.tmp (durably) before the
+ * device goes; then the moved file is deleted, or put back when the
+ * device could not be removed.  A crash between the steps leaves only a
+ * temp file, which the next start deletes (remove_stale_tmp): the device
+ * is gone, as the remove was under way.
+ */
 int
-persist_remove (const char *name, char **msg)
+persist_remove_begin (const char *name, char **msg)
 {
-  char *path;
+  char *path, *tmp;
   int r;
 
   if (tables_dir == NULL)
     return 0;
-  if ((path = table_path (name)) == NULL)
+  path = table_path (name);
+  tmp = tmp_path (name);
+  if (path == NULL || tmp == NULL)
     r = -ENOMEM;
-  else if (unlink (path) == -1 && errno != ENOENT)
+  else if (rename (path, tmp) == -1)
+    r = errno == ENOENT ? 0 : -errno;
+  else if ((r = fsync_dir ()) < 0 && rename (tmp, path) == -1)
+    nbdkit_error ("tables=%s: putting back %s.table after a failed "
+                  "fsync: %s", tables_dir, name, mapper_strerror (errno));
+  free (path);
+  free (tmp);
+  return r < 0 ? persist_failed (r, "removing", name, msg) : 0;
+}
+
+void
+persist_remove_end (const char *name, bool removed)
+{
+  char *path, *tmp;
+  int r = 0;
+
+  if (tables_dir == NULL)
+    return;
+  path = table_path (name);
+  tmp = tmp_path (name);
+  if (path == NULL || tmp == NULL)
+    r = -ENOMEM;
+  else if (removed ? unlink (tmp) == -1 : rename (tmp, path) == -1)
     r = -errno;
   else
     r = fsync_dir ();
+  /* Removed: a temp file left here is deleted at the next start.  Not
+   * removed: NAME.table could not be put back, and a restart would lose
+   * a device that still exists.
+   */
+  if (r < 0 && r != -ENOENT)
+    nbdkit_error ("tables=%s: %s .%s.table.tmp: %s%s", tables_dir,
+                  removed ? "deleting" : "putting back", name,
+                  mapper_strerror (-r),
+                  removed ? "" : ": save the device again (replace) before "
+                  "a restart, or it is lost");
   free (path);
-  return r < 0 ? persist_failed (r, "removing", name, msg) : 0;
+  free (tmp);
+}
+
+int
+persist_remove (const char *name, char **msg)
+{
+  int r = persist_remove_begin (name, msg);
+
+  if (r == 0)
+    persist_remove_end (name, true);
+  return r;
 }
 
 int
