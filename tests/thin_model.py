@@ -289,7 +289,10 @@ def main(argv):
     w = Workload(sock, pool, int(block), int(size),
                  random.Random(int(seed)))
     if cmd == "run":
-        w.create_thin()
+        # volume 1, created by the test (thin_pool)
+        w.model.vols[1] = Vol(w.model, 1, w.size)
+        w.next_id = 2
+        w.attach(1)
         for _ in range(int(nops)):
             w.step()
         w.check_all()

@@ -16,12 +16,8 @@ requires thin_check -V
 requires thin_delta -V
 ext4_fuse_preflight
 
-md=$(mkfile md.img 16M)
-data=$(mkfile data.img 512M)
-mkdir "$tmpdir/tables" "$tmpdir/fuse" "$tmpdir/mnt" "$tmpdir/snap"
-start_server --stderr "$tmpdir/log" ctl -f mapper tables="$tmpdir/tables"
-ms create pool --table "0 1048576 thin-pool $md $data 128 64"
-ms message pool 0 create_thin 1
+mkdir "$tmpdir/fuse" "$tmpdir/mnt" "$tmpdir/snap"
+thin_pool 16M 512M 64
 ms create t1 --table "0 1048576 thin mapper:pool 1"     # 512 MiB
 cleanup_fn fuse_detach
 cleanup_fn 'umount "$tmpdir/snap" 2>/dev/null; losetup -D 2>/dev/null || :'

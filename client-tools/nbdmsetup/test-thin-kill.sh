@@ -9,12 +9,7 @@ source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
 
-md=$(mkfile md.img 8M)
-data=$(mkfile data.img 64M)
-mkdir "$tmpdir/tables"
-start_server ctl mapper tables="$tmpdir/tables"
-ms create pool --table "0 131072 thin-pool $md $data 128 0"
-ms message pool 0 create_thin 1
+thin_pool 8M 64M 0
 ms create t1 --table "0 65536 thin mapper:pool 1"
 stop_server ctl
 

@@ -13,11 +13,7 @@ requires nbdsh --version
 requires thin_check -V
 requires thin_dump -V
 
-md=$(mkfile md.img 8M)
-data=$(mkfile data.img 64M)
-mkdir "$tmpdir/tables"
-start_server --stderr "$tmpdir/log" ctl -f mapper tables="$tmpdir/tables"
-ms create pool --table "0 131072 thin-pool $md $data 128 16 1 error_if_no_space"
+thin_pool 8M 64M 16 error_if_no_space
 
 model=$top_srcdir/tests/thin_model.py
 python3 "$model" run "$sock" pool 65536 2097152 "${SEED:-14}" 600 \

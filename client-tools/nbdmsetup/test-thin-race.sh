@@ -10,12 +10,7 @@ source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
 
-md=$(mkfile md.img 4M)
-data=$(mkfile data.img 16M)
-mkdir "$tmpdir/tables"
-start_server --stderr "$tmpdir/log" ctl -f mapper tables="$tmpdir/tables"
-ms create pool --table "0 32768 thin-pool $md $data 128 0"
-ms message pool 0 create_thin 1
+thin_pool 4M 16M 0
 ms create t1 --table "0 8192 thin mapper:pool 1"
 
 race="$tmpdir/race.py"

@@ -13,12 +13,7 @@ requires thin_check -V
 ev () { ms info "$1" | sed -n 's/^Event number: *//p'; }
 st () { ms status pool | cut -d' ' -f6-; }
 
-md=$(mkfile md.img 4M)
-data=$(mkfile data.img 2M)          # 32 blocks of 64 KiB
-mkdir "$tmpdir/tables"
-start_server --stderr "$tmpdir/log" ctl -f mapper tables="$tmpdir/tables"
-ms create pool --table "0 4096 thin-pool $md $data 128 8 1 error_if_no_space"
-ms message pool 0 create_thin 1
+thin_pool 4M 2M 8 error_if_no_space      # 32 blocks of 64 KiB
 ms create t1 --table "0 65536 thin mapper:pool 1"
 uri="nbd+unix:///t1?socket=$sock"
 

@@ -170,6 +170,29 @@ static pthread_cond_t worker_cond;
 static bool worker_running, worker_stop;
 static pthread_t worker_thread;
 
+/* Commit every pool with uncommitted changes: one at a time, holding a
+ * reference, never pools_lock, while it commits.
+ */
+static void
+commit_changed_pools (void)
+{
+  for (struct pool *p = NULL, *next;; p = next) {
+    pthread_mutex_lock (&pools_lock);
+    next = p ? p->next : pools;
+    while (next && (atomic_load (&next->commit_failed) ||
+                    !thin_md_changed (next->md)))
+      next = next->next;
+    if (next)
+      next->refs++;
+    pthread_mutex_unlock (&pools_lock);
+    if (p)
+      pool_put (p);
+    if (next == NULL)
+      return;
+    pool_commit (next);
+  }
+}
+
 static void *
 commit_worker (void *arg)
 {
@@ -183,24 +206,7 @@ commit_worker (void *arg)
     if (worker_stop)
       break;
     pthread_mutex_unlock (&worker_lock);
-    /* One pool at a time, holding a reference, never pools_lock, while
-     * it commits.
-     */
-    for (struct pool *p = NULL, *next;; p = next) {
-      pthread_mutex_lock (&pools_lock);
-      next = p ? p->next : pools;
-      while (next && (atomic_load (&next->commit_failed) ||
-                      !thin_md_changed (next->md)))
-        next = next->next;
-      if (next)
-        next->refs++;
-      pthread_mutex_unlock (&pools_lock);
-      if (p)
-        pool_put (p);
-      if (next == NULL)
-        break;
-      pool_commit (next);
-    }
+    commit_changed_pools ();
     pthread_mutex_lock (&worker_lock);
   }
   pthread_mutex_unlock (&worker_lock);
@@ -248,19 +254,7 @@ pool_type_stop (void)
   /* A last commit of every pool while the I/O loop (a remote metadata or
    * data device) still runs: the tables, and thin_md_close, go later.
    */
-  for (struct pool *p = NULL, *next;; p = next) {
-    pthread_mutex_lock (&pools_lock);
-    next = p ? p->next : pools;
-    if (next)
-      next->refs++;
-    pthread_mutex_unlock (&pools_lock);
-    if (p)
-      pool_put (p);
-    if (next == NULL)
-      break;
-    if (!atomic_load (&next->commit_failed) && thin_md_changed (next->md))
-      pool_commit (next);
-  }
+  commit_changed_pools ();
 }
 
 /* --- data blocks ------------------------------------------------------ */
