@@ -56,6 +56,20 @@ target_flush_backend (struct backend *be)
 }
 
 int
+target_table_find (const struct table *t, const char *type_name,
+                   int (*fn) (struct target *peer, void *opaque),
+                   void *opaque)
+{
+  for (size_t i = 0; t && i < t->nr_targets; i++) {
+    int r;
+    if (strcmp (t->targets[i].type->name, type_name) == 0 &&
+        (r = fn (&t->targets[i], opaque)) != 0)
+      return r;
+  }
+  return -ENOENT;
+}
+
+int
 target_find_peer (struct backend *be, const char *type_name,
                   int (*fn) (struct target *peer, void *opaque),
                   void *opaque)
@@ -65,12 +79,7 @@ target_find_peer (struct backend *be, const char *type_name,
   if (dev == NULL)
     return -ENODEV;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
-  for (size_t i = 0; dev->live && i < dev->live->nr_targets; i++) {
-    struct target *ti = &dev->live->targets[i];
-    if (strcmp (ti->type->name, type_name) == 0)
-      return fn (ti, opaque);
-  }
-  return -ENOENT;
+  return target_table_find (dev->live, type_name, fn, opaque);
 }
 
 /* --- errors --------------------------------------------------------- */

@@ -123,6 +123,15 @@ struct target_type {
    */
   int (*start) (struct mapper_err *err);
   void (*stop) (void);
+  /* Optional: the device that backend be of this target stacks on
+   * (mapper:NAME) is about to get table t as its live table (the holder
+   * checks of resume and replace, device-stack.c).  0 if the target can
+   * live with it, else -EBUSY with err filled: the change is refused.
+   * thin: t must still hold the thin's pool.  Under the locks of both
+   * devices: only look at t (target_table_find).
+   */
+  int (*check_lower) (struct target *ti, struct backend *be,
+                      const struct table *t, struct mapper_err *err);
 };
 
 /* --- constructors --------------------------------------------------- */
@@ -218,16 +227,24 @@ int target_backend_size (struct backend *be, uint64_t *size);
  */
 int target_flush_backend (struct backend *be);
 /* target.c: be stacks on a device (mapper:NAME, target_get_backend): call
- * fn on the first target of type type_name in that device's live table,
+ * fn on each target of type type_name in that device's live table until
+ * one returns nonzero (target_table_find),
  * under the device's lock (so the table cannot be swapped meanwhile: fn
  * takes a reference on whatever it keeps, and takes only leaf locks).
  * A thin target binds to its pool so (dm's dm_get_md + __pool_table_lookup).
- * fn's result, -ENODEV if be stacks on no device, -ENOENT if the live
- * table (or its absence) has no such target.
+ * fn's nonzero result, -ENODEV if be stacks on no device, -ENOENT if
+ * no target of the live table (or its absence) made fn say so.
  */
 int target_find_peer (struct backend *be, const char *type_name,
                       int (*fn) (struct target *peer, void *opaque),
                       void *opaque);
+/* target.c: call fn on each target of type type_name in t until one
+ * returns nonzero: that result, or -ENOENT.  The caller holds t
+ * (check_lower's).
+ */
+int target_table_find (const struct table *t, const char *type_name,
+                       int (*fn) (struct target *peer, void *opaque),
+                       void *opaque);
 
 /* --- status --------------------------------------------------------- */
 

@@ -5,6 +5,7 @@
 # changed (no device made, the pool's status and metadata as they were).
 source "$(dirname "$0")/functions-ms.sh"
 requires thin_check -V
+requires nbdsh --version
 
 md=$(mkfile md.img 4M)
 data=$(mkfile data.img 16M)
@@ -100,6 +101,21 @@ fails 'create_snap: device 1 already exists' ms message pool 0 create_snap 1 1
 fails 'create_snap: device 5 does not exist' ms message pool 0 create_snap 2 5
 fails 'delete: device 5 does not exist' ms message pool 0 delete 5
 ms create t1 --table "0 2048 thin mapper:pool 1"
+ms info pool | grep -Eq '^Holders: +t1$' || die "holders: $(ms info pool)"
+# The pool device may not swap its pool under a thin volume (another
+# metadata and data device, or no thin-pool at all): the thin's I/O
+# would reach another data device at this pool's block offsets.
+data2=$(mkfile data2.img 16M)
+ms reload pool --table "0 32768 thin-pool $md2 $data2 128 10"
+fails "device 't1' \(its live table\): thin volume 1 of the pool on metadata device $md needs that pool on mapper:pool" \
+    ms resume pool
+fails "thin volume 1 of the pool on metadata device" \
+    ms replace pool --table "0 32768 linear $data 0"
+ms clear pool
+ms table pool | grep -q "^0 32768 thin-pool $md $data 128 10 0$" ||
+    die "pool table changed: $(ms table pool)"
+nbdsh -u "nbd+unix:///t1?socket=$sock" -c 'h.pwrite(b"y" * 4096, 0); h.flush()'
+before=$(ms status pool)
 fails 'delete: device 1 is open' ms message pool 0 delete 1
 fails 'set_transaction_id: the transaction id is 0, not 3' \
     ms message pool 0 set_transaction_id 3 4

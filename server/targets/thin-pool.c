@@ -427,7 +427,15 @@ pool_bind_peer (struct target *peer, void *opaque)
   pc->pool->refs++;
   pthread_mutex_unlock (&pools_lock);
   *(struct pool **) opaque = pc->pool;
-  return 0;
+  return 1;                     /* found: stop */
+}
+
+int
+pool_is_peer (struct target *peer, void *opaque)
+{
+  struct pool_c *pc = peer->private;
+
+  return pc->pool == opaque;
 }
 
 /* A new pool object on pc's backends (pools_lock held). */

@@ -349,6 +349,29 @@ thin_flush (struct target *ti, struct io_req *req)
   return pool_commit (tc->pool);
 }
 
+/* A new table for the pool device must keep this thin's pool: a
+ * thin-pool on another metadata device is another pool, whose data
+ * device the thin's clones through mapper:POOL would then reach at
+ * offsets of this pool's blocks (dm keys pools by device and refuses
+ * such a table at load).
+ */
+static int
+thin_check_lower (struct target *ti, struct backend *be,
+                  const struct table *t, struct mapper_err *err)
+{
+  struct thin_c *tc = ti->private;
+
+  if (be != tc->pool_be ||
+      target_table_find (t, "thin-pool", pool_is_peer, tc->pool) > 0)
+    return 0;
+  mapper_err_set (err, "thin volume %" PRIu64 " of the pool on metadata "
+                  "device %s needs that pool on %s, and the new table has "
+                  "no thin-pool on that metadata device: remove the thin "
+                  "devices first", tc->dev_id, backend_name (tc->pool->md_be),
+                  backend_name (be));
+  return -EBUSY;
+}
+
 /* --- extents ---------------------------------------------------------- */
 
 static int
@@ -569,4 +592,5 @@ const struct target_type thin_target = {
   .status = thin_status,
   .iterate_backends = thin_iterate_backends,
   .flush = thin_flush,
+  .check_lower = thin_check_lower,
 };

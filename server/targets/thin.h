@@ -94,10 +94,14 @@ struct pool {
 
 /* thin-pool.c, for thin.c. */
 /* Bind to the pool of peer, a live thin-pool target (target_find_peer's
- * callback): *(struct pool **) opaque takes a reference.
+ * callback): *(struct pool **) opaque takes a reference.  Returns 1.
  */
 int pool_bind_peer (struct target *peer, void *opaque);
 void pool_put (struct pool *p);
+/* target_table_find's callback: 1 if peer is a thin-pool target of
+ * pool opaque.
+ */
+int pool_is_peer (struct target *peer, void *opaque);
 /* Flush the data device and commit the metadata if it changed; coalesced
  * (a flush finding the metadata committed has nothing to commit).  -EIO
  * once any commit of the pool failed: a flush is never reported durable
