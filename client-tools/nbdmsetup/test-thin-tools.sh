@@ -16,6 +16,7 @@ requires nbdsh --version
 requires thin_check -V
 requires thin_dump -V
 requires thin_restore -V
+requires nbdinfo --version
 
 md=$(mkfile md.img 4M)
 data=$(mkfile data.img 4M)          # 64 blocks of 64 KiB
@@ -66,6 +67,15 @@ m1="[(v, 20 + v) for v in range(10)] + [(50, 3)]"
 m2="[(100 + v, 20 + v) for v in range(5)]"
 python3 "$check" "$sock" t1 "$m1" || die "t1 reads"
 python3 "$check" "$sock" t2 "$m2" || die "t2 reads"
+# Block status: the mapped blocks are data, the rest holes.
+nbdinfo --map "nbd+unix:///t1?socket=$sock" > "$tmpdir/map"
+cat > "$tmpdir/map.want" <<'EOF2'
+         0      655360    0  data
+    655360     2621440    3  hole,zero
+   3276800       65536    0  data
+   3342336     5046272    3  hole,zero
+EOF2
+diff -u "$tmpdir/map.want" "$tmpdir/map" || die "t1's map"
 
 # The metadata snapshot, held while the pool changes.
 ms message pool 0 reserve_metadata_snap
