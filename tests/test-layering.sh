@@ -5,7 +5,10 @@
 #  - a leaf (a file under server/targets/ or server/backends/) includes
 #    only its API (target.h, backend.h), the utilities (util.h) and
 #    headers of its own directory, never a core-private header such as
-#    internal.h;
+#    internal.h; targets may also use the persistent-data layer's API,
+#    pdata/thin-metadata.h;
+#  - server/pdata/ (persistent-data, thin-pool metadata) is below the
+#    engine: it includes its own headers and the C library, nothing else;
 #  - the target types come from one list, server/targets.def, and the
 #    backend kinds from another, server/backends/backends.def: each one
 #    a file defines is listed there and built by server/Makefile.am, and
@@ -17,7 +20,7 @@ requires "$cc" --version
 srv=$top_srcdir/server
 
 # Public headers: what layers above may include.
-for h in util.h vector.h engine.h target.h backend.h; do
+for h in util.h vector.h engine.h target.h backend.h pdata/thin-metadata.h; do
     printf '#include "%s"\nint main (void) { return 0; }\n' "$h" \
         > "$tmpdir/alone.c"
     "$cc" -fsyntax-only -Wall -Wextra -Wshadow -Wvla -Werror \
@@ -40,10 +43,21 @@ leaf ()
             bad=1
         done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f")
     done
-    [ -z "$bad" ] || die "server/$dir/ may include only $* and its own headers"
+    [ -z "$bad" ] || die "server/$dir/ may include only ${*:+$* and }its own headers"
 }
 leaf targets target.h util.h pdata/thin-metadata.h
 leaf backends backend.h util.h
+leaf pdata
+
+# server/pdata/: only the C library's (and POSIX threads') system headers.
+libc=" assert.h endian.h errno.h inttypes.h limits.h pthread.h stdarg.h
+  stdatomic.h stdbool.h stddef.h stdint.h stdio.h stdlib.h string.h "
+for f in "$srv"/pdata/*.[ch]; do
+    while read -r inc; do
+        case "$libc" in *[[:space:]]"$inc"[[:space:]]*) continue ;; esac
+        die "server/pdata/${f##*/} includes <$inc>: the layer uses only libc"
+    done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*<\([^>]*\)>.*/\1/p' "$f")
+done
 
 # one_list WHAT DEF MACRO DIR STRUCT SUFFIX: the names server/DEF lists
 # as MACRO (NAME) are exactly those a file under server/DIR defines as

@@ -14,6 +14,8 @@
 
 #include "unit.h"
 
+#include <stdatomic.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -32,11 +34,13 @@ static uint64_t rng_state;
 static const char *
 path_of (const char *name)
 {
-  char *p = strdup (unit_path (name));
+  static char paths[32][256];
+  static unsigned n;
 
-  if (!p)
-    UNIT_FATAL ("out of memory");
-  return p;
+  if (n == 32)
+    UNIT_FATAL ("path_of: too many paths");
+  snprintf (paths[n], sizeof paths[n], "%s", unit_path (name));
+  return paths[n++];
 }
 
 static uint64_t
@@ -134,10 +138,11 @@ struct model {
 };
 
 /* nr_data: a metadata snapshot's superblock has no space maps (dm wipes
- * them), so thin_dump --metadata-snap shows 0 data blocks.
+ * them), so thin_dump --metadata-snap shows 0 data blocks.  shared: the
+ * library's form, a shared flag instead of the time.
  */
 static void
-model_text (const struct model *m, FILE *f, unsigned nr_data)
+model_text (const struct model *m, FILE *f, unsigned nr_data, bool shared)
 {
   fprintf (f, "superblock time=%u transaction=%llu data_block_size=%u "
            "nr_data_blocks=%u\n", m->time, (unsigned long long) m->trans_id,
@@ -149,10 +154,15 @@ model_text (const struct model *m, FILE *f, unsigned nr_data)
     fprintf (f, "device %d mapped=%llu transaction=%llu creation=%u snap=%u\n",
              i, (unsigned long long) d->mapped, (unsigned long long) d->trans,
              d->ctime, d->stime);
-    for (int v = 0; v < NVB; v++)
-      if (d->data[v])
-        fprintf (f, "%d %llu %u\n", v, (unsigned long long) d->data[v] - 1,
-                 d->time[v]);
+    for (int v = 0; v < NVB; v++) {
+      if (!d->data[v])
+        continue;
+      fprintf (f, "%d %llu ", v, (unsigned long long) d->data[v] - 1);
+      if (shared)
+        fprintf (f, "%s\n", d->stime > d->time[v] ? "s" : "-");
+      else
+        fprintf (f, "%u\n", d->time[v]);
+    }
   }
 }
 
@@ -293,7 +303,7 @@ dump_equals (const char *path, const struct model *m, bool snap,
   dump_text (unit_path ("dump.xml"), f);
   fclose (f);
   f = fopen (unit_path ("model.txt"), "w");
-  model_text (m, f, snap ? 0 : DATA_BLOCKS);
+  model_text (m, f, snap ? 0 : DATA_BLOCKS, false);
   fclose (f);
   return same_files (unit_path ("model.txt"), unit_path ("dump.txt"), what);
 }
@@ -364,27 +374,6 @@ library_text (struct thin_md *md, FILE *f, uint64_t nvb)
   fclose (devs);
 }
 
-/* The model with a shared flag instead of the time. */
-static void
-model_lib_text (const struct model *m, FILE *f, uint64_t nr_data)
-{
-  fprintf (f, "superblock time=%u transaction=%llu data_block_size=%u "
-           "nr_data_blocks=%llu\n", m->time, (unsigned long long) m->trans_id,
-           BLOCK_SECTORS, (unsigned long long) nr_data);
-  for (int i = 0; i < MAXDEV; i++) {
-    const struct mdev *d = &m->dev[i];
-    if (!d->exists)
-      continue;
-    fprintf (f, "device %d mapped=%llu transaction=%llu creation=%u snap=%u\n",
-             i, (unsigned long long) d->mapped, (unsigned long long) d->trans,
-             d->ctime, d->stime);
-    for (int v = 0; v < NVB; v++)
-      if (d->data[v])
-        fprintf (f, "%d %llu %s\n", v, (unsigned long long) d->data[v] - 1,
-                 d->stime > d->time[v] ? "s" : "-");
-  }
-}
-
 static bool
 library_equals (struct thin_md *md, const struct model *m, const char *what)
 {
@@ -395,7 +384,7 @@ library_equals (struct thin_md *md, const struct model *m, const char *what)
   library_text (md, f, NVB);
   fclose (f);
   f = fopen (unit_path ("modellib.txt"), "w");
-  model_lib_text (m, f, DATA_BLOCKS);
+  model_text (m, f, DATA_BLOCKS, true);
   fclose (f);
   ok = same_files (unit_path ("modellib.txt"), unit_path ("lib.txt"), what);
   thin_md_get_free_data_blocks (md, &free_blocks);
@@ -552,6 +541,30 @@ new_metadata (const char *path)
   unit_write_file (path, NULL, (size_t) MD_BLOCKS * PD_BLOCK_SIZE);
 }
 
+/* New, empty metadata at path, opened; the model emptied. */
+static struct thin_md *
+fresh (const char *path, struct fdev *d, size_t cache)
+{
+  char err[PD_ERR_LEN];
+  struct thin_md *md;
+  int r;
+
+  new_metadata (path);
+  md = md_open (d, path, cache, err, &r);
+  CHECKF (md, "open %s: %s", path, err);
+  memset (&m, 0, sizeof m);
+  return md;
+}
+
+static void
+finish (struct thin_md *md, struct fdev *d)
+{
+  char err[PD_ERR_LEN];
+
+  CHECKF (thin_md_close (md, err) == 0, "close: %s", err);
+  close (d->fd);
+}
+
 /* Snapshots of snapshots ten deep, each level writing over part of what
  * it shares; then deleting from the middle and the ends.
  */
@@ -560,16 +573,11 @@ test_chain (void)
 {
   const char *path = path_of ("chain.md");
   struct fdev d;
-  char err[PD_ERR_LEN];
-  int r;
   struct thin_md *md;
 
-  new_metadata (path);
-  md = md_open (&d, path, 128, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 128);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 0);
   do_write (md, &m, 0, 0, 600);
   commit_and_check (md, path, &m, &committed, "chain base");
@@ -592,8 +600,7 @@ test_chain (void)
     thin_md_get_free_data_blocks (md, &n);
     CHECK_EQ (n, DATA_BLOCKS);
   }
-  CHECK_EQ (thin_md_close (md, err), 0);
-  close (d.fd);
+  finish (md, &d);
 }
 
 /* Errors with their messages, changing nothing. */
@@ -603,17 +610,13 @@ test_errors (void)
   const char *path = path_of ("errors.md");
   struct fdev d;
   char err[PD_ERR_LEN];
-  int r;
   struct thin_md *md;
   struct thin_md_dev *td;
   uint64_t t;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   CHECK_EQ (thin_md_create_thin (md, 1, err), -EEXIST);
   CHECKF (strstr (err, "device 1: already exists"), "%s", err);
@@ -658,6 +661,329 @@ test_errors (void)
   }
 }
 
+/* Data block references outside mappings: a released block (its write
+ * failed) and dm-thin's discard passdown (inc, unmap, is_shared, dec).
+ */
+static void
+test_data_refs (void)
+{
+  const char *path = path_of ("refs.md");
+  struct fdev d;
+  char err[PD_ERR_LEN];
+  struct thin_md *md;
+  struct thin_md_dev *td;
+  uint64_t b, b0, b1, n0, n;
+  bool shared;
+
+  md = fresh (path, &d, 64);
+  if (!md)
+    return;
+  thin_md_get_free_data_blocks (md, &n0);
+  CHECK_EQ (thin_md_alloc_data_block (md, &b), 0);
+  thin_md_get_free_data_blocks (md, &n);
+  CHECK_EQ (n, n0 - 1);
+  CHECK_EQ (thin_md_release_data_block (md, b), 0);
+  thin_md_get_free_data_blocks (md, &n);
+  CHECK_EQ (n, n0);
+  CHECK_EQ (thin_md_release_data_block (md, b), -EINVAL);
+  thin_md_last_error (md, err);
+  CHECKF (strstr (err, "released but not in use"), "%s", err);
+  CHECK (!thin_md_failed (md));
+  /* not handed out again before the commit */
+  CHECK_EQ (thin_md_alloc_data_block (md, &n), 0);
+  CHECK (n != b);
+  CHECK_EQ (thin_md_release_data_block (md, n), 0);
+
+  do_create (md, &m, 1);
+  do_write (md, &m, 1, 0, 10);
+  do_snap (md, &m, 2, 1);
+  do_write (md, &m, 1, 20, 1);
+  b0 = m.dev[1].data[0] - 1;
+  b1 = m.dev[1].data[20] - 1;
+  CHECK_EQ (thin_md_dev_open (md, 1, &td, err), 0);
+  CHECK_EQ (thin_md_inc_data_range (md, b0, b0 + 1), 0);
+  CHECK_EQ (thin_md_inc_data_range (md, b1, b1 + 1), 0);
+  CHECK_EQ (thin_md_remove_range (td, 0, 1), 0);
+  CHECK_EQ (thin_md_remove_range (td, 20, 21), 0);
+  thin_md_dev_close (td);
+  m.dev[1].data[0] = m.dev[1].data[20] = 0;
+  m.dev[1].mapped -= 2;
+  CHECK_EQ (thin_md_block_is_shared (md, b0, &shared), 0);
+  CHECK (shared);                /* device 2 maps it */
+  CHECK_EQ (thin_md_block_is_shared (md, b1, &shared), 0);
+  CHECK (!shared);               /* only our passdown reference */
+  CHECK_EQ (thin_md_dec_data_range (md, b0, b0 + 1), 0);
+  CHECK_EQ (thin_md_dec_data_range (md, b1, b1 + 1), 0);
+  commit_and_check (md, path, &m, &committed, "data refs");
+  finish (md, &d);
+}
+
+/* Read-only use, the needs_check flag, growing the data device. */
+static void
+test_modes (void)
+{
+  const char *path = path_of ("modes.md");
+  const char *empty = path_of ("modes-empty.md");
+  struct fdev d;
+  char err[PD_ERR_LEN], cmd[1024];
+  int r;
+  struct thin_md *md;
+  struct thin_md_dev *td;
+  uint64_t b, n, used;
+  bool shared;
+  struct thin_md_open_args a = {
+    .dev = &d.bd, .data_block_sectors = BLOCK_SECTORS,
+    .nr_data_blocks = DATA_BLOCKS, .cache_blocks = 64, .read_only = true,
+  };
+
+  md = fresh (path, &d, 64);
+  if (!md)
+    return;
+  do_create (md, &m, 1);
+  do_write (md, &m, 1, 0, 100);
+  commit_and_check (md, path, &m, &committed, "modes");
+  CHECK_EQ (thin_md_close (md, err), 0);
+  close (d.fd);
+
+  /* read-only: lookups work, changes are refused, the file is untouched */
+  fdev_open (&d, path);
+  d.limit = 0;
+  CHECK_EQ (thin_md_open (&a, &md, err), 0);
+  if (md) {
+    CHECK_EQ (thin_md_dev_open (md, 1, &td, err), 0);
+    CHECK_EQ (thin_md_find_block (td, 5, &b, &shared), 0);
+    CHECK_EQ (b, m.dev[1].data[5] - 1);
+    CHECK_EQ (thin_md_alloc_data_block (md, &b), -EROFS);
+    CHECK_EQ (thin_md_insert_block (td, 7, 0), -EROFS);
+    thin_md_dev_close (td);
+    CHECK_EQ (thin_md_create_thin (md, 2, err), -EROFS);
+    CHECKF (strstr (err, "read-only"), "%s", err);
+    CHECK_EQ (thin_md_set_needs_check (md), -EROFS);
+    CHECK_EQ (thin_md_close (md, err), 0);
+  }
+  CHECK_EQ (d.writes, 0);
+  close (d.fd);
+  new_metadata (empty);
+  fdev_open (&d, empty);
+  CHECK_EQ (thin_md_open (&a, &md, err), -EROFS);
+  CHECKF (strstr (err, "empty metadata device, and read-only"), "%s", err);
+  close (d.fd);
+
+  /* needs_check: set at once in the committed superblock; thin_check
+   * --clear-needs-check-flag clears it
+   */
+  md = md_open (&d, path, 64, err, &r);
+  CHECK (md && !thin_md_needs_check (md));
+  if (!md)
+    return;
+  CHECK_EQ (thin_md_set_needs_check (md), 0);
+  CHECK (thin_md_needs_check (md));
+  {
+    /* on disk already: a second, read-only reader sees it */
+    struct fdev d2;
+    struct thin_md *md2;
+    fdev_open (&d2, path);
+    a.dev = &d2.bd;
+    CHECK_EQ (thin_md_open (&a, &md2, err), 0);
+    CHECK (md2 && thin_md_needs_check (md2));
+    if (md2)
+      CHECK_EQ (thin_md_close (md2, err), 0);
+    close (d2.fd);
+    a.dev = &d.bd;
+  }
+  CHECK_EQ (thin_md_close (md, err), 0);
+  close (d.fd);
+  snprintf (cmd, sizeof cmd, "thin_check --clear-needs-check-flag '%s' "
+            "> /dev/null 2>&1", path);
+  CHECK_EQ (run (cmd), 0);
+  md = md_open (&d, path, 64, err, &r);
+  CHECK (md && !thin_md_needs_check (md));
+
+  /* growing the data device, over a bitmap boundary: every new block can
+   * be allocated, and the tools agree
+   */
+  if (md) {
+    CHECK_EQ (thin_md_resize_data_dev (md, 4 * 16320 + 5, err), 0);
+    CHECK_EQ (thin_md_commit (md, err), 0);
+    thin_md_get_data_dev_size (md, &n);
+    CHECK_EQ (n, 4 * 16320 + 5);
+    used = 0;
+    while (thin_md_alloc_data_block (md, &b) == 0)
+      used++;
+    CHECK_EQ (used, 4 * 16320 + 5 - 100);
+    CHECK_EQ (thin_md_abort (md, err), 0);
+    CHECK_EQ (thin_md_close (md, err), 0);
+    close (d.fd);
+    if (have_tools) {
+      CHECK (check_clean (path, "resized"));
+      snprintf (cmd, sizeof cmd, "thin_dump '%s' | grep -q "
+                "'nr_data_blocks=\"%d\"'", path, 4 * 16320 + 5);
+      CHECK_EQ (run (cmd), 0);
+    }
+  }
+  /* a data device of no whole block: nothing to allocate, no crash */
+  {
+    struct fdev d0;
+    struct thin_md *md0;
+    const char *zero = path_of ("modes-zero.md");
+    struct thin_md_open_args z = {
+      .dev = &d0.bd, .data_block_sectors = BLOCK_SECTORS,
+      .nr_data_blocks = 0, .cache_blocks = 64,
+    };
+    new_metadata (zero);
+    fdev_open (&d0, zero);
+    CHECK_EQ (thin_md_open (&z, &md0, err), 0);
+    if (md0) {
+      CHECK_EQ (thin_md_alloc_data_block (md0, &b), -ENOSPC);
+      thin_md_last_error (md0, err);
+      CHECKF (strstr (err, "data device full (0 blocks)"), "%s", err);
+      finish (md0, &d0);
+    }
+  }
+  /* a bigger data device at open grows the space map too */
+  a.read_only = false;
+  a.nr_data_blocks = 5 * 16320;
+  fdev_open (&d, path);
+  CHECK_EQ (thin_md_open (&a, &md, err), 0);
+  if (md) {
+    thin_md_get_free_data_blocks (md, &n);
+    CHECK_EQ (n, 5 * 16320 - 100);
+    CHECK_EQ (thin_md_close (md, err), 0);
+  }
+  close (d.fd);
+  if (have_tools)
+    CHECK (check_clean (path, "grown at open"));
+}
+
+/* A full metadata device: the change fails with -ENOSPC and a message,
+ * the metadata refuses more changes, the last commit stays intact.
+ */
+static void
+test_metadata_full (void)
+{
+  const char *path = path_of ("full.md");
+  struct fdev d;
+  char err[PD_ERR_LEN];
+  int r = 0, v;
+  struct thin_md *md;
+  struct thin_md_dev *td;
+  uint64_t b;
+
+  unit_write_file (path, NULL, 24 * PD_BLOCK_SIZE);
+  md = md_open (&d, path, 64, err, &r);
+  CHECKF (md, "open: %s", err);
+  if (!md)
+    return;
+  memset (&m, 0, sizeof m);
+  do_create (md, &m, 1);
+  do_write (md, &m, 1, 0, 10);
+  commit_and_check (md, path, &m, &committed, "metadata nearly full");
+  CHECK_EQ (thin_md_dev_open (md, 1, &td, err), 0);
+  for (v = 10; v < 100000; v++) {
+    if ((r = thin_md_alloc_data_block (md, &b)) != 0 ||
+        (r = thin_md_insert_block (td, v, b)) != 0)
+      break;
+  }
+  thin_md_dev_close (td);
+  CHECK_EQ (r, -ENOSPC);
+  thin_md_last_error (md, err);
+  CHECKF (strstr (err, "metadata device full (24 blocks)"), "%s", err);
+  CHECK (thin_md_failed (md));
+  CHECK_EQ (thin_md_create_thin (md, 2, err), -EROFS);
+  CHECKF (strstr (err, "metadata device full"), "%s", err);
+  CHECK_EQ (thin_md_commit (md, err), -EROFS);
+  CHECK_EQ (thin_md_close (md, err), 0);
+  close (d.fd);
+  if (have_tools) {
+    CHECK (check_clean (path, "metadata full"));
+    CHECK (dump_equals (path, &committed, false, "metadata full"));
+  }
+  md = md_open (&d, path, 64, err, &r);
+  CHECKF (md, "reopen: %s", err);
+  if (md) {
+    CHECK (library_equals (md, &committed, "metadata full, reopened"));
+    thin_md_close (md, NULL);
+  }
+  close (d.fd);
+}
+
+/* Lookups from several threads while another changes and commits. */
+struct reader_arg {
+  struct thin_md *md;
+  atomic_bool *stop;
+  atomic_int started;
+  long lookups, errors;
+};
+
+static void *
+reader (void *p)
+{
+  struct reader_arg *a = p;
+  struct thin_md_dev *td;
+  char err[PD_ERR_LEN];
+  uint64_t x = (uint64_t) (uintptr_t) p | 1, b, vb, ve;
+  bool shared;
+
+  if (thin_md_dev_open (a->md, 1, &td, err) != 0) {
+    a->errors++;
+    atomic_store (&a->started, 1);
+    return NULL;
+  }
+  while (!atomic_load (a->stop)) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    /* blocks below 500 are mapped for good, the rest come and go */
+    if (thin_md_find_block (td, x % 500, &b, &shared) != 0)
+      a->errors++;
+    if (thin_md_find_mapped_range (td, x % 2000, 2000, &vb, &ve, &b,
+                                   &shared) == 0 && ve <= vb)
+      a->errors++;
+    a->lookups++;
+    atomic_store (&a->started, 1);
+  }
+  thin_md_dev_close (td);
+  return NULL;
+}
+
+static void
+test_threads (void)
+{
+  const char *path = path_of ("threads.md");
+  struct fdev d;
+  char err[PD_ERR_LEN];
+  struct thin_md *md;
+  pthread_t th[3];
+  struct reader_arg ra[3];
+  atomic_bool stop = false;
+
+  md = fresh (path, &d, 64);
+  if (!md)
+    return;
+  do_create (md, &m, 1);
+  do_write (md, &m, 1, 0, 500);
+  for (int i = 0; i < 3; i++) {
+    ra[i] = (struct reader_arg) { .md = md, .stop = &stop };
+    pthread_create (&th[i], NULL, reader, &ra[i]);
+  }
+  for (int i = 0; i < 3; i++)
+    while (atomic_load (&ra[i].started) == 0)
+      sched_yield ();
+  for (int round = 0; round < 40; round++) {
+    do_write (md, &m, 1, 500 + (int) rnd (1500), 1 + (int) rnd (100));
+    do_discard (md, &m, 1, 500 + (int) rnd (1500), (int) rnd (200));
+    if (round % 8 == 0)
+      do_snap (md, &m, 2 + round / 8, 1);
+    CHECK_EQ (thin_md_commit (md, err), 0);
+  }
+  atomic_store (&stop, true);
+  for (int i = 0; i < 3; i++) {
+    pthread_join (th[i], NULL);
+    CHECKF (ra[i].errors == 0 && ra[i].lookups > 0, "reader %d: %ld errors "
+            "in %ld lookups", i, ra[i].errors, ra[i].lookups);
+  }
+  commit_and_check (md, path, &m, &committed, "threads");
+  finish (md, &d);
+}
+
 /* The random workload, checked at every commit. */
 static void
 test_random (void)
@@ -668,12 +994,9 @@ test_random (void)
   int r, commits = 0;
   struct thin_md *md;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   committed = m;
   for (int step = 0; step < 3000 && commits < 30 && !unit_failures; step++) {
     int op = (int) rnd (100), id;
@@ -730,17 +1053,13 @@ test_metadata_snap (void)
   const char *path = path_of ("msnap.md");
   struct fdev d;
   char err[PD_ERR_LEN];
-  int r;
   uint64_t held;
   struct thin_md *md;
   static struct model at_snap;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 3);
   do_write (md, &m, 3, 0, 400);
   do_create (md, &m, 4);
@@ -765,8 +1084,7 @@ test_metadata_snap (void)
   thin_md_get_metadata_snap (md, &held);
   CHECK_EQ (held, 0);
   commit_and_check (md, path, &m, &committed, "metadata snapshot released");
-  CHECK_EQ (thin_md_close (md, err), 0);
-  close (d.fd);
+  finish (md, &d);
 }
 
 /* thin_delta between a snapshot and its origin: the origin's writes
@@ -778,19 +1096,15 @@ test_delta (void)
   const char *path = path_of ("delta.md");
   struct fdev d;
   char err[PD_ERR_LEN], cmd[1024], line[512];
-  int r;
   struct thin_md *md;
   FILE *f;
   static bool differs[NVB], seen[NVB];
 
   if (!have_tools)
     return;
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   do_write (md, &m, 1, 0, 1000);
   do_snap (md, &m, 2, 1);
@@ -897,8 +1211,7 @@ test_restore (void)
   do_discard (md, &m, 5, 0, 100);
   do_delete (md, &m, 10);
   commit_and_check (md, path, &m, &committed, "restored, changed");
-  CHECK_EQ (thin_md_close (md, err), 0);
-  close (d.fd);
+  finish (md, &d);
 }
 
 /* A crash during a commit: every write after the Nth is lost.  Reopened,
@@ -916,12 +1229,9 @@ test_crash (void)
   struct thin_md *md;
   long total;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   do_write (md, &m, 1, 0, 800);
   do_snap (md, &m, 2, 1);
@@ -931,10 +1241,12 @@ test_crash (void)
   close (d.fd);
   snprintf (cmd, sizeof cmd, "cp '%s' '%s'", path, copy);
 
-  /* how many writes the second transaction makes */
+  /* The second transaction: big enough for the 64-block cache to write
+   * dirty blocks out before the commit.  Cut after n writes, for n from 0
+   * to past the last (about 60 cut points).
+   */
   total = -1;
-  for (long n = 0;; n++) {
-    struct model mm;
+  for (long n = 0, step = 1;; n += step) {
     int ok_before, ok_after;
 
     CHECK_EQ (run (cmd), 0);
@@ -942,17 +1254,21 @@ test_crash (void)
     if (!md)
       break;
     d.limit = n;
-    mm = before;
-    m = mm;
+    m = before;
     do_write (md, &m, 1, 300, 300);
     do_discard (md, &m, 2, 0, 200);
     do_delete (md, &m, 2);
-    do_create (md, &m, 3);
-    do_write (md, &m, 3, 0, 200);
+    for (int id = 3; id < 6; id++) {
+      do_create (md, &m, id);
+      do_write (md, &m, id, 0, 2400);
+    }
     r = thin_md_commit (md, err);
+    CHECKF (r == 0, "commit: %s", err);
     after = m;
     total = d.writes;
-    thin_md_close (md, NULL);      /* no commit: writes are dropped anyway */
+    if (n == 0)
+      step = total / 60 + 1;
+    thin_md_close (md, NULL);      /* nothing left to commit */
     close (d.fd);
 
     md = md_open (&d, copy, 64, err, &r);
@@ -973,6 +1289,10 @@ test_crash (void)
       CHECKF (check_clean (copy, "crash"), "crash after %ld writes", n);
     if (n > total || unit_failures)
       break;
+    if (n + step > total && n < total)
+      step = total - n;            /* the cut just before the superblock */
+    else if (n == total)
+      step = 1;
   }
   CHECK (seen_before > 0);
   CHECK (seen_after > 0);
@@ -996,12 +1316,9 @@ test_damage (void)
   struct { const char *what; uint64_t b; } targets[8];
   int nt = 0;
 
-  new_metadata (path);
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "open: %s", err);
+  md = fresh (path, &d, 64);
   if (!md)
     return;
-  memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
   do_write (md, &m, 1, 0, 2000);
   do_snap (md, &m, 2, 1);
@@ -1098,6 +1415,106 @@ test_damage (void)
     printf ("damaged %s: %s\n", t < nt ? targets[t].what : "all", err);
   }
   expect_errors = false;
+
+  /* Damage with a valid checksum: the node's header and contents are
+   * checked too.  kind: 0 nr_entries over max, 1 wrong value size, 2 keys
+   * out of order, 3 a child pointing at its own node (a loop), 4 a child
+   * beyond the device, 5 flags neither leaf nor internal.
+   */
+  {
+    static const char *const reason[] = {
+      "nr_entries", "value size", "out of order", "deeper than",
+      "beyond the end", "neither internal nor leaf",
+    };
+    uint64_t sub, leaf;
+
+    fdev_open (&d, path);
+    CHECK_EQ (pread (d.fd, blk, sizeof blk, pd_le64 (sb + 320) * 4096), 4096);
+    sub = pd_le64 (blk + 32 + 8 * pd_le32 (blk + 20));
+    CHECK_EQ (pread (d.fd, blk, sizeof blk, sub * 4096), 4096);
+    leaf = pd_le64 (blk + 32 + 8 * pd_le32 (blk + 20));
+    close (d.fd);
+    expect_errors = true;
+    for (int kind = 0; kind < 6; kind++) {
+      uint64_t b = kind == 3 || kind == 4 ? sub : leaf;
+      uint8_t *n = blk;
+      char want[64];
+
+      snprintf (cmd, sizeof cmd, "cp '%s' '%s'", path, copy);
+      CHECK_EQ (run (cmd), 0);
+      fdev_open (&d, copy);
+      CHECK_EQ (pread (d.fd, n, 4096, b * 4096), 4096);
+      switch (kind) {
+      case 0: pd_put32 (n + 16, pd_le32 (n + 20) + 1); break;
+      case 1: pd_put32 (n + 24, 7); break;
+      case 2: {
+        uint64_t k0 = pd_le64 (n + 32), k1 = pd_le64 (n + 40);
+        pd_put64 (n + 32, k1);
+        pd_put64 (n + 40, k0);
+        break;
+      }
+      case 3: pd_put64 (n + 32 + 8 * pd_le32 (n + 20), b); break;
+      case 4: pd_put64 (n + 32 + 8 * pd_le32 (n + 20), 1ull << 40); break;
+      case 5: pd_put32 (n + 4, 3); break;
+      }
+      pd_put32 (n, pd_checksum (n + 4, 4092, PD_BTREE_CSUM_XOR));
+      CHECK_EQ (pwrite (d.fd, n, 4096, b * 4096), 4096);
+      close (d.fd);
+      md = md_open (&d, copy, 64, err, &r);
+      err[0] = '\0';
+      if (md) {
+        FILE *f = fopen (unit_path ("dmg.txt"), "w");
+        library_text (md, f, NVB);
+        fclose (f);
+        thin_md_last_error (md, err);
+        CHECKF (thin_md_failed (md), "damage %d: not failed", kind);
+        CHECK_EQ (thin_md_create_thin (md, 30, NULL), -EROFS);
+        thin_md_close (md, NULL);
+      }
+      close (d.fd);
+      snprintf (want, sizeof want, "block %llu", (unsigned long long) b);
+      CHECKF (kind == 4 ? strstr (err, "block 1099511627776") != NULL :
+              strstr (err, want) != NULL, "damage %d: %s", kind, err);
+      CHECKF (strstr (err, reason[kind]), "damage %d: %s", kind, err);
+      printf ("damaged node, kind %d: %s\n", kind, err);
+    }
+    expect_errors = false;
+  }
+
+  /* Random bytes in random blocks, many times: never a crash, and a
+   * failure always says why.
+   */
+  expect_errors = true;
+  for (int round = 0; round < 40; round++) {
+    snprintf (cmd, sizeof cmd, "cp '%s' '%s'", path, copy);
+    CHECK_EQ (run (cmd), 0);
+    fdev_open (&d, copy);
+    for (int k = 0, nb = 1 + (int) rnd (4); k < nb; k++) {
+      off_t off = (off_t) rnd (64) * 4096 + (off_t) rnd (4096);
+      uint8_t c = (uint8_t) rnd (256);
+      CHECK_EQ (pwrite (d.fd, &c, 1, off), 1);
+    }
+    close (d.fd);
+    md = md_open (&d, copy, 64, err, &r);
+    if (!md)
+      CHECKF (err[0] && (r == -EIO || r == -EINVAL), "r %d: %s", r, err);
+    else {
+      FILE *f = fopen (unit_path ("dmg.txt"), "w");
+      library_text (md, f, NVB);
+      fclose (f);
+      do_write (md, &m, 1, (int) rnd (NVB), 50);
+      do_discard (md, &m, 2, (int) rnd (NVB), 50);
+      r = thin_md_commit (md, err);
+      if (thin_md_failed (md)) {
+        thin_md_last_error (md, err);
+        CHECKF (strstr (err, "block") || strstr (err, "space map") ||
+                strstr (err, "superblock"), "no place named: %s", err);
+      }
+      thin_md_close (md, NULL);
+    }
+    close (d.fd);
+  }
+  expect_errors = false;
 }
 
 int
@@ -1118,6 +1535,10 @@ main (void)
   }
   test_errors ();
   test_chain ();
+  test_data_refs ();
+  test_modes ();
+  test_threads ();
+  test_metadata_full ();
   test_metadata_snap ();
   test_delta ();
   test_restore ();

@@ -180,6 +180,45 @@ write_block (struct pd_bm *bm, struct pd_block *b)
   return 0;
 }
 
+/* Block buffers come 16 to an aligned 64 KiB chunk: one aligned_alloc
+ * per 4 KiB block costs glibc about as much again in padding.
+ */
+#define BUFS_PER_CHUNK 16
+
+static uint8_t *
+get_buf (struct pd_bm *bm)
+{
+  uint8_t *buf;
+
+  if (!bm->free_bufs) {
+    void **chunks = realloc (bm->chunks, (bm->nr_chunks + 1) * sizeof *chunks);
+    uint8_t *c;
+
+    if (!chunks)
+      return NULL;
+    bm->chunks = chunks;
+    c = aligned_alloc (PD_BLOCK_SIZE, BUFS_PER_CHUNK * PD_BLOCK_SIZE);
+    if (!c)
+      return NULL;
+    chunks[bm->nr_chunks++] = c;
+    for (int i = BUFS_PER_CHUNK - 1; i >= 0; i--) {
+      uint8_t *p = c + (size_t) i * PD_BLOCK_SIZE;
+      memcpy (p, &bm->free_bufs, sizeof (void *));
+      bm->free_bufs = p;
+    }
+  }
+  buf = bm->free_bufs;
+  memcpy (&bm->free_bufs, buf, sizeof (void *));
+  return buf;
+}
+
+static void
+put_buf (struct pd_bm *bm, uint8_t *buf)
+{
+  memcpy (buf, &bm->free_bufs, sizeof (void *));
+  bm->free_bufs = buf;
+}
+
 static void
 free_entry (struct pd_bm *bm, struct pd_block *b)
 {
@@ -187,7 +226,7 @@ free_entry (struct pd_bm *bm, struct pd_block *b)
   if (b->prev)
     lru_unlink (b);
   bm->nr_cached--;
-  free (b->data);
+  put_buf (bm, b->data);
   free (b);
 }
 
@@ -211,7 +250,7 @@ get_entry (struct pd_bm *bm, uint64_t nr, struct pd_block **out)
     b = calloc (1, sizeof *b);
     if (!b)
       return -ENOMEM;
-    b->data = aligned_alloc (PD_BLOCK_SIZE, PD_BLOCK_SIZE);
+    b->data = get_buf (bm);
     if (!b->data) {
       free (b);
       return -ENOMEM;
@@ -417,10 +456,12 @@ pd_bm_destroy (struct pd_bm *bm)
     struct pd_block *b = bm->hash[i], *next;
     for (; b; b = next) {
       next = b->hnext;
-      free (b->data);
       free (b);
     }
   }
+  for (size_t i = 0; i < bm->nr_chunks; i++)
+    free (bm->chunks[i]);
+  free (bm->chunks);
   free (bm->hash);
   bm->hash = NULL;
   pthread_mutex_destroy (&bm->lock);

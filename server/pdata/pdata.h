@@ -80,6 +80,10 @@ struct pd_bm {
   struct pd_block **hash;
   size_t hash_mask;
   struct pd_block lru;            /* sentinel: next is the oldest */
+  void **chunks;                  /* block buffers, allocated 16 at a time */
+  size_t nr_chunks;
+  void *free_bufs;                /* unused buffers, linked through their
+                                   * first bytes */
   size_t nr_dirty;
   bool io_failed;                 /* a read or write failed */
   pthread_mutex_t err_lock;       /* protects err: readers fail too */

@@ -269,32 +269,32 @@ set_count (struct pd_dsm *sm, uint64_t b, uint32_t old, uint32_t v)
   return save_ie (sm, b / EPB, &ie);
 }
 
-int
-pd_dsm_inc (struct pd_dsm *sm, uint64_t b)
+/* One reference more (+1) or less (-1). */
+static int
+change_count (struct pd_dsm *sm, uint64_t b, int delta)
 {
   uint32_t c;
   int r = pd_dsm_count (sm, b, &c);
 
   if (r < 0)
     return r;
-  if (c == UINT32_MAX)
-    return pd_error (&sm->tm->bm, EIO, "data block %llu: reference count "
-                     "overflow", (unsigned long long) b);
-  return set_count (sm, b, c, c + 1);
+  if (delta > 0 ? c == UINT32_MAX : c == 0)
+    return pd_error (&sm->tm->bm, EIO, "data block %llu: %s",
+                     (unsigned long long) b, delta > 0 ?
+                     "reference count overflow" : "released but already free");
+  return set_count (sm, b, c, delta > 0 ? c + 1 : c - 1);
+}
+
+int
+pd_dsm_inc (struct pd_dsm *sm, uint64_t b)
+{
+  return change_count (sm, b, 1);
 }
 
 int
 pd_dsm_dec (struct pd_dsm *sm, uint64_t b)
 {
-  uint32_t c;
-  int r = pd_dsm_count (sm, b, &c);
-
-  if (r < 0)
-    return r;
-  if (c == 0)
-    return pd_error (&sm->tm->bm, EIO, "data block %llu: released but "
-                     "already free", (unsigned long long) b);
-  return set_count (sm, b, c, c - 1);
+  return change_count (sm, b, -1);
 }
 
 /* Free now and at the last commit?  (A bitmap not shadowed since then
@@ -327,6 +327,9 @@ pd_dsm_new_block (struct pd_dsm *sm, uint64_t *out)
   uint64_t nr_bitmaps = (sm->nr_blocks + EPB - 1) / EPB;
   uint64_t start = sm->cursor < sm->nr_blocks ? sm->cursor : 0;
   int r;
+
+  if (nr_bitmaps == 0)
+    return -ENOSPC;               /* a data device of no whole block */
 
   for (uint64_t k = 0; k <= nr_bitmaps; k++) {
     uint64_t i = (start / EPB + k) % nr_bitmaps;

@@ -83,12 +83,13 @@ copy_err (struct thin_md *md, char *err)
 }
 
 /* A failure inside the metadata: it may be half changed, so no more
- * changes until reopened (or aborted and reloaded).
+ * changes until reopened (or aborted and reloaded).  That includes a
+ * full metadata device (-ENOSPC), as in dm; -ENODATA is an answer.
  */
 static int
 fail (struct thin_md *md, int r)
 {
-  if (r < 0 && r != -ENODATA && r != -ENOSPC)
+  if (r < 0 && r != -ENODATA)
     atomic_store (&md->failed, true);
   return r;
 }
@@ -378,7 +379,17 @@ thin_md_open (const struct thin_md_open_args *a, struct thin_md **out,
       snprintf (err, PD_ERR_LEN, "thin-pool metadata: out of memory");
     return -ENOMEM;
   }
-  pthread_rwlock_init (&md->lock, NULL);
+  {
+    /* Lookups come from every request: a reader-preferring lock would
+     * starve the commits.
+     */
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init (&attr);
+    pthread_rwlockattr_setkind_np (&attr,
+                                   PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init (&md->lock, &attr);
+    pthread_rwlockattr_destroy (&attr);
+  }
   md->read_only = a->read_only;
   md->data_block_sectors = a->data_block_sectors;
   init_trees (md);
@@ -1368,11 +1379,80 @@ thin_md_list_devices (struct thin_md *md,
       r = list_add (&l, &info);
   }
   UNLOCK (md);
-  if (r == 0) {
+  if (r == 0 && l.n) {
     qsort (l.v, l.n, sizeof *l.v, cmp_info);
     for (size_t i = 0; i < l.n && r == 0; i++)
       r = fn (opaque, &l.v[i]);
   }
   free (l.v);
-  return r < 0 ? fail (md, r) : r;
+  return r < 0 && r != -ENOMEM ? fail (md, r) : r;
+}
+
+/* --- data block references (discard passdown, failed writes) --------- */
+
+static int
+data_range (struct thin_md *md, uint64_t begin, uint64_t end, bool inc)
+{
+  int r;
+
+  WRLOCK (md);
+  if ((r = writable (md, NULL)) < 0)
+    goto out;
+  if (begin > end || end > md->dsm.nr_blocks) {
+    r = pd_error (&md->tm.bm, EINVAL, "data blocks %llu-%llu: beyond the "
+                  "data device (%llu blocks)", (unsigned long long) begin,
+                  (unsigned long long) end,
+                  (unsigned long long) md->dsm.nr_blocks);
+    goto out;
+  }
+  for (uint64_t b = begin; b < end && r == 0; b++) {
+    uint32_t c;
+    if ((r = pd_dsm_count (&md->dsm, b, &c)) < 0)
+      break;
+    if (!inc && c == 0) {
+      /* the caller's mistake, not damage: change nothing more */
+      r = pd_error (&md->tm.bm, EINVAL, "data block %llu: released but "
+                    "not in use", (unsigned long long) b);
+      goto out;
+    }
+    md->changed = true;
+    r = inc ? pd_dsm_inc (&md->dsm, b) : pd_dsm_dec (&md->dsm, b);
+  }
+  fail (md, r);
+ out:
+  UNLOCK (md);
+  return r;
+}
+
+int
+thin_md_release_data_block (struct thin_md *md, uint64_t block)
+{
+  return data_range (md, block, block + 1, false);
+}
+
+int
+thin_md_inc_data_range (struct thin_md *md, uint64_t begin, uint64_t end)
+{
+  return data_range (md, begin, end, true);
+}
+
+int
+thin_md_dec_data_range (struct thin_md *md, uint64_t begin, uint64_t end)
+{
+  return data_range (md, begin, end, false);
+}
+
+int
+thin_md_block_is_shared (struct thin_md *md, uint64_t block, bool *shared)
+{
+  uint32_t c;
+  int r;
+
+  RDLOCK (md);
+  r = pd_dsm_count (&md->dsm, block, &c);
+  UNLOCK (md);
+  if (r < 0)
+    return fail (md, r);
+  *shared = c > 1;
+  return 0;
 }

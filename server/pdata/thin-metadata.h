@@ -160,7 +160,28 @@ int thin_md_list_devices (struct thin_md *md,
                           int (*fn) (void *opaque,
                                      const struct thin_md_dev_info *info),
                           void *opaque);
-/* The superblock's time (raised by each snapshot) and flags word. */
+/* The superblock's time (raised by each snapshot). */
 uint32_t thin_md_get_time (struct thin_md *md);
+
+/* Drop the reference of a block from thin_md_alloc_data_block that was
+ * never inserted (its data write failed): free again, not reused before
+ * the commit.
+ */
+int thin_md_release_data_block (struct thin_md *md, uint64_t block);
+/* dm's dm_pool_inc_data_range / dm_pool_dec_data_range and
+ * dm_pool_block_is_shared (data block reference count > 1), for discard
+ * passdown as dm-thin does it: inc the run's data blocks, remove the
+ * mappings, pass down only the blocks not shared, dec the run.  The
+ * shared flag of the find functions is dm's __snapshotted_since, a test
+ * of time: true may be "was shared once", false is never wrong about
+ * snapshots, but a held metadata snapshot is not a device and can still
+ * hold a block: use block_is_shared under an inc before a passdown.
+ */
+int thin_md_inc_data_range (struct thin_md *md, uint64_t begin,
+                            uint64_t end);
+int thin_md_dec_data_range (struct thin_md *md, uint64_t begin,
+                            uint64_t end);
+int thin_md_block_is_shared (struct thin_md *md, uint64_t block,
+                             bool *shared);
 
 #endif /* NBDMAPPER_PDATA_THIN_METADATA_H */
