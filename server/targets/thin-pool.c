@@ -871,8 +871,16 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
     r = thin_md_set_transaction_id (p->md, id, id2, perr);
     id2 = UINT64_MAX;
   }
-  else if (strcmp (cmd, "reserve_metadata_snap") == 0)
-    r = thin_md_reserve_metadata_snap (p->md, perr);
+  else if (strcmp (cmd, "reserve_metadata_snap") == 0) {
+    /* It commits first: the data device must be flushed before, with no
+     * mapping inserted in between.
+     */
+    pthread_rwlock_wrlock (&p->commit_rw);
+    r = target_flush_backend (p->data_be);
+    if (r == 0)
+      r = thin_md_reserve_metadata_snap (p->md, perr);
+    pthread_rwlock_unlock (&p->commit_rw);
+  }
   else
     r = thin_md_release_metadata_snap (p->md, perr);
 

@@ -20,9 +20,9 @@
  *   holds the pool's commit lock shared.
  * - Write zeroes: unmapped blocks without an external origin already
  *   read as zeros and stay unprovisioned.
- * - Discard unmaps whole blocks, and passes the data blocks that no one
- *   else shares down to the pool (and so the data device) unless
- *   ignore_discard or no_discard_passdown.
+ * - Discard unmaps whole blocks, and passes the data blocks that nothing
+ *   else references (another volume, a held metadata snapshot) down to
+ *   the data device unless ignore_discard or no_discard_passdown.
  * - A FUA write is done synchronously and commits the pool's metadata,
  *   and so does a flush (thin_flush).
  * - Extents: unprovisioned runs are holes (without an external origin,
@@ -211,12 +211,8 @@ thin_provision (struct thin_c *tc, enum io_op op, uint64_t vblock,
   if (r == 0)
     r = io_sync (op, p->data_be, nb * bs + boff, len, buf, 0);
   if (r < 0) {
-    /* The data did not land: map the block anyway only if that loses
-     * nothing (it was unmapped), and unmap it again, so that the block's
-     * reference goes back to the space map.
-     */
-    if (!mapped && thin_md_insert_block (tc->td, vblock, nb) == 0)
-      thin_md_remove_range (tc->td, vblock, vblock + 1);
+    /* The data did not land: give the block back, unmapped. */
+    thin_md_release_data_block (p->md, nb);
     goto out;
   }
   r = thin_md_insert_block (tc->td, vblock, nb);
@@ -271,6 +267,41 @@ thin_write (struct thin_c *tc, struct io_req *req, enum io_op op,
 
 /* --- discard ---------------------------------------------------------- */
 
+/* Unmap [vb, ve), mapped to data blocks from db on, and trim on the data
+ * device the blocks nothing else references: not another volume, nor a
+ * held metadata snapshot, whose tree the removal shadows (dm's
+ * process_discard_cell_passdown: hold the run's blocks, remove, ask the
+ * space map, pass down, let go).  Passdown errors are not the client's:
+ * the data is unmapped either way.
+ */
+static int
+discard_passdown (struct thin_c *tc, uint64_t vb, uint64_t ve, uint64_t db)
+{
+  struct thin_md *md = tc->pool->md;
+  const uint64_t bs = tc->pool->block_bytes, de = db + (ve - vb);
+  uint64_t run = de;
+  int r;
+
+  if ((r = thin_md_inc_data_range (md, db, de)) < 0)
+    return r;
+  r = thin_md_remove_range (tc->td, vb, ve);
+  for (uint64_t d = db; r == 0 && d <= de; d++) {
+    bool shared = true;
+    if (d < de && (r = thin_md_block_is_shared (md, d, &shared)) < 0)
+      break;
+    if (!shared && run == de)
+      run = d;                  /* a run of unshared blocks starts */
+    else if (shared && run < de) {
+      io_sync (IO_TRIM, tc->pool->data_be, run * bs, (d - run) * bs, NULL,
+               0);
+      run = de;
+    }
+  }
+  if (thin_md_dec_data_range (md, db, de) < 0 && r == 0)
+    r = -EIO;
+  return r;
+}
+
 static int
 thin_discard (struct thin_c *tc, uint64_t off, uint64_t len)
 {
@@ -298,15 +329,14 @@ thin_discard (struct thin_c *tc, uint64_t off, uint64_t len)
       break;
     }
     if (r == 0)
-      r = thin_md_remove_range (tc->td, vb, ve);
+      r = atomic_load (&p->discard_passdown)
+        ? discard_passdown (tc, vb, ve, db)
+        : thin_md_remove_range (tc->td, vb, ve);
     if (r < 0) {
       pool_md_failed (p, "removing mappings", r, NULL);
       r = -EIO;
       break;
     }
-    /* Only blocks no one else maps: freed now. */
-    if (!shared && atomic_load (&p->discard_passdown))
-      io_sync (IO_TRIM, p->data_be, db * bs, (ve - vb) * bs, NULL, 0);
     b = ve;
   }
   pthread_rwlock_unlock (&p->commit_rw);
