@@ -184,7 +184,7 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }
-  return 0;
+  return r;
 }
 
 void

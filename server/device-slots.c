@@ -213,6 +213,16 @@ device_resume_swapped (struct device *dev, bool *swapped,
     return r;
 
   pthread_mutex_lock (&dev->lock);
+  /* The table about to run may refuse (dm's preresume: a crypt key
+   * wiped): the device then stays as it is, suspended or not.
+   */
+  if ((dev->inactive || dev->live) &&
+      (r = table_preresume (dev->inactive ? dev->inactive : dev->live,
+                            err)) < 0) {
+    pthread_mutex_unlock (&dev->lock);
+    mapper_err_prefix (err, "device '%s'", dev->name);
+    return r;
+  }
   if (dev->inactive) {
     if (dropped_backends (dev->live, dev->inactive, &dropped) < 0) {
       pthread_mutex_unlock (&dev->lock);
@@ -280,7 +290,8 @@ device_replace (struct device *dev, struct table *t, bool *swapped,
 
   if (swapped)
     *swapped = false;
-  if ((r = device_check_new_live (dev, t, err)) < 0) {
+  if ((r = device_check_new_live (dev, t, err)) < 0 ||
+      (r = table_preresume (t, err)) < 0) {
     table_free (t);
     return r;
   }

@@ -233,7 +233,12 @@ char *device_status_text (struct device *dev, int *r);
  * malloc'd, "" without a live table.
  */
 char *device_backends_text (struct device *dev, int *r);
-/* Route a message to the live target containing sector. */
+/* Route a message to the live target containing sector: 0,
+ * MESSAGE_TABLE_CHANGED (the live table's text, device_table_text, is
+ * not what it was: keep it where it is kept), or -errno with err filled
+ * and nothing changed.  *reply: the target's reply, malloc'd.
+ */
+#define MESSAGE_TABLE_CHANGED 1
 int device_message (struct device *dev, uint64_t sector, unsigned argc,
                     char **argv, char **reply, struct mapper_err *err);
 /* Wait until the event counter passes event_nr (or timeout_ms passes,

@@ -198,6 +198,10 @@ size_t table_find_target (const struct table *t, uint64_t off);
 /* The targets' suspend/resume/flush hooks (target.h), in table order. */
 void table_presuspend (struct table *t);
 void table_resume (struct table *t);
+/* Each target's preresume, before t runs again or becomes live: 0, or
+ * the first refusal (-errno, err names the target).
+ */
+int table_preresume (struct table *t, struct mapper_err *err);
 void table_postsuspend (struct table *t);
 int table_flush_hooks (struct table *t, uint32_t flags);
 /* Send t's events to dev from now on (NULL: nowhere), once an event

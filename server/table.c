@@ -700,6 +700,22 @@ table_resume (struct table *t)
       t->targets[i].type->resume (&t->targets[i]);
 }
 
+int
+table_preresume (struct table *t, struct mapper_err *err)
+{
+  for (size_t i = 0; i < t->nr_targets; i++) {
+    struct target *ti = &t->targets[i];
+    int r;
+
+    if (ti->type->preresume && (r = ti->type->preresume (ti, err)) < 0) {
+      mapper_err_prefix (err, "%s target at sector %" PRIu64, ti->type->name,
+                         ti->begin >> MAPPER_SECTOR_SHIFT);
+      return r;
+    }
+  }
+  return 0;
+}
+
 void
 table_postsuspend (struct table *t)
 {

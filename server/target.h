@@ -109,9 +109,21 @@ struct target_type {
    * marks the leg failed), so the device's flush still succeeds.
    */
   bool (*flush_failed) (struct target *ti, struct backend *be);
+  /* Optional: the table is about to become live or to run again
+   * (resume, replace), with the device suspended: -errno with err filled
+   * refuses the resume and nothing changes (dm's preresume: a crypt
+   * target whose key was wiped).
+   */
+  int (*preresume) (struct target *ti, struct mapper_err *err);
   /* Optional: handle "message SECTOR WORDS..." addressed to this target
-   * (dmsetup message); write any reply into reply/len (snprintf style).
-   * 0 or -errno with err filled.  NULL: the target takes no messages.
+   * (dmsetup message), with the device's lock held (no suspend, resume
+   * or other message meanwhile; I/O may be running unless the target
+   * requires a suspended device); write any reply into reply/len
+   * (snprintf style).  0, MESSAGE_TABLE_CHANGED (engine.h) when what
+   * status TABLE prints changed (the table is saved again where it is
+   * kept), or -errno with err filled and nothing changed.  Arguments may
+   * be overwritten (a key's text, wiped).  NULL: the target takes no
+   * messages.
    */
   int (*message) (struct target *ti, unsigned argc, char **argv,
                   char *reply, size_t len, struct mapper_err *err);

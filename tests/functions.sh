@@ -102,7 +102,8 @@ trap 'exit 143' TERM
 plugin_env=()
 if [ -n "$SANITIZER_LIBASAN" ]; then
     plugin_env=(LD_PRELOAD="$SANITIZER_LIBASAN"
-                ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}")
+                ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:exitcode=99}"
+                UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:exitcode=99}")
 fi
 NBDMAPPER_PLUGIN_ENV=
 [ "${#plugin_env[@]}" -eq 0 ] ||
@@ -150,7 +151,7 @@ _server_cmd ()
         for (( i = 0; i < ${#args[@]} - 1; i++ )); do
             if [ "${args[i]}" = --run ]; then
                 i=$((i + 1))
-                args[i]="unset LD_PRELOAD ASAN_OPTIONS; ${args[i]}"
+                args[i]="unset LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS; ${args[i]}"
             fi
         done
         _cmd=("${_wrap[@]}" env "${plugin_env[@]}")
@@ -225,10 +226,26 @@ start_server ()
         _preopts+=(-U "$tmpdir/$name.sock")
     fi
     _server_cmd "$@"
+    # Under a sanitizer, ours run in the foreground, detached from the
+    # test's shell (a bare "wait" in a test does not wait for them): a
+    # daemonised nbdkit has no stderr for a report, and its exit status
+    # (99 after one) is seen by no one.  The exit status goes to
+    # $tmpdir/NAME.exit, which stop_server reads: a report fails the test.
+    local detach=false
+    if $_mine && ! $_fg && [ "${#plugin_env[@]}" -gt 0 ]; then
+        _preopts+=(-f)
+        _server_cmd "$@"
+        detach=true
+    fi
+    rm -f "$tmpdir/$name.exit" "$tmpdir/$name.detached"
+    ! $detach || : > "$tmpdir/$name.detached"
     _started "$name" "$_mine"
     local err
     if [ -n "$_stderr" ]; then exec {err}> "$_stderr"; else exec {err}>&2; fi
-    if $_fg; then
+    if $detach; then
+        ( ( st=0; "${_cmd[@]}" 2>&"$err" || st=$?
+            echo "$st" > "$tmpdir/$name.exit" ) & )
+    elif $_fg; then
         "${_cmd[@]}" 2>&"$err" &
         echo $! > "$tmpdir/$name.job"
     else
@@ -244,6 +261,10 @@ start_server ()
         [ -s "$tmpdir/$name.pid" ] && return 0
         if $_fg && ! kill -0 "$(cat "$tmpdir/$name.job")" 2>/dev/null; then
             _start_failed "$name" "nbdkit exited before it served: ${_cmd[*]}"
+        fi
+        if [ -e "$tmpdir/$name.exit" ]; then
+            _start_failed "$name" "nbdkit exited $(cat "$tmpdir/$name.exit")" \
+                          "before it served: ${_cmd[*]}"
         fi
         sleep 0.1
     done
@@ -313,6 +334,22 @@ stop_server ()
     if [ -s "$tmpdir/$1.job" ]; then
         wait "$(cat "$tmpdir/$1.job")" 2>/dev/null || :
         rm -f "$tmpdir/$1.job"
+    fi
+    # Detached (start_server, under a sanitizer): its exit status follows
+    # the process's end at once.
+    local i st=
+    if [ -e "$tmpdir/$1.detached" ]; then
+        for (( i = 0; i < 50; i++ )); do
+            st=$(cat "$tmpdir/$1.exit" 2>/dev/null) && [ -n "$st" ] && break
+            sleep 0.1
+        done
+        rm -f "$tmpdir/$1.exit" "$tmpdir/$1.detached"
+    fi
+    if [ "$st" = 99 ]; then
+        echo "$0: FAIL: server $1 exited 99: a sanitizer report" \
+             "(above, on its stderr)" >&2
+        _stop_failed=1
+        rc=1
     fi
     rm -f "$tmpdir/$1.sock"
     return "$rc"

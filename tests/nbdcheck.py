@@ -75,7 +75,7 @@ def mapper_command(options, args, run=None):
     cmd = (["env"] + env if env else []) + ["nbdkit"] + list(options)
     cmd += [os.environ["PLUGIN"]] + list(args)
     if run is not None:
-        cmd += ["--run", ("unset LD_PRELOAD ASAN_OPTIONS; " if env else "")
+        cmd += ["--run", ("unset LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS; " if env else "")
                 + run]
     return cmd
 

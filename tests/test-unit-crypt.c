@@ -15,7 +15,8 @@
  * device, no I/O) against the same reference, in place and not, from
  * every kind of offset, also when every context slot is taken, and its
  * refusals.  That the bytes are what Linux writes is checked against an
- * independent implementation in test-crypt.sh.
+ * independent implementation in test-crypt.sh.  dm-crypt's messages
+ * (key wipe, key set) and the resume they block.
  */
 #include <config.h>
 
@@ -812,6 +813,115 @@ test_bounce (void)
   }
 }
 
+/* dm-crypt's messages: "key wipe" and "key set <key>" only while
+ * suspended; after a wipe the key is zeros in memory and resume is
+ * refused (EAGAIN) until a key is set; every refused key set leaves the
+ * key as it was; the same key reads back what was written before the
+ * wipe, another does not; the key's text is overwritten in argv.
+ */
+static void
+test_messages (void)
+{
+  const size_t size = 64 * S;
+  static const char *const bad[][2] = {
+    { "key set " KEY256, "key set: key of 64 hex digits is the wrong size: "
+      "this target's key is 512 bits (128 hex digits)" },
+    { "key set :64:logon:vol", "not supported here: no kernel keyring" },
+    { "key set -", "key set: no key ('-')" },
+    { "key set zz" KEY256 KEY256 "zz", "wrong size" },
+    { "key set " KEY256 KEY256, "key set: key refused by OpenSSL "
+      "AES-256-XTS (are its two halves identical?)" },
+    { "key set", "key set: expected one key, got 0 words" },
+    { "key wipe now", "key wipe: takes no argument, got 1" },
+    { "key", "unrecognised message: crypt takes 'key set <key>' and 'key "
+      "wipe'" },
+    { "wipe key", "unrecognised message" },
+  };
+  struct device *dev = crypt_dev ("aes-xts-plain64", KEY512, "");
+  unsigned char *data = malloc (size), *buf = malloc (size);
+  struct mapper_err err = { "" };
+  char msg[256], zeros[129], *other = strdup (KEY512);
+  struct device_info info;
+
+  if (data == NULL || buf == NULL || other == NULL)
+    UNIT_FATAL ("out of memory");
+  memset (zeros, '0', 128);
+  zeros[128] = '\0';
+  other[0] = 'f';                       /* another valid key */
+  unit_fill (data, size, 77, 0);
+  CHECK (device_pwrite (dev, data, size, 0, 0) == 0);
+
+  /* Running: refused, nothing changed. */
+  CHECK (unit_message (dev, 0, "key wipe", msg, sizeof msg) == -EBUSY);
+  CHECKF (strstr (msg, "key wipe: the device is not suspended") != NULL,
+          "%s", msg);
+  CHECK (unit_message (dev, 0, "key set " KEY512, msg, sizeof msg) ==
+         -EBUSY);
+  CHECK (strstr (unit_table_text (dev), KEY512) != NULL);
+
+  CHECK (device_suspend (dev, false) == 0);
+  CHECK (unit_message (dev, 0, "key wipe", msg, sizeof msg) == 0);
+  CHECK (strstr (unit_table_text (dev), zeros) != NULL);
+  CHECK (device_resume (dev, &err) == -EAGAIN);
+  CHECKF (strstr (err.msg, "device 'c") && strstr (err.msg, "crypt target "
+          "at sector 0: its key was wiped ('key wipe')"), "%s", err.msg);
+  device_get_info (dev, &info);
+  CHECK (info.suspended);
+  for (size_t i = 0; i < ARRAY_SIZE (bad); i++) {
+    int r = unit_message (dev, 0, bad[i][0], msg, sizeof msg);
+    CHECKF (r == -EINVAL || r == -ENOTSUP, "%s: %d", bad[i][0], r);
+    CHECKF (strstr (msg, bad[i][1]) != NULL, "'%s': '%s'", bad[i][0], msg);
+    CHECK (strstr (unit_table_text (dev), zeros) != NULL);
+    CHECK (device_resume (dev, &err) == -EAGAIN);
+  }
+  {
+    char *words = unit_sprintf ("key set x%s", KEY512 + 1);
+
+    CHECK (unit_message (dev, 0, words, msg, sizeof msg) == -EINVAL);
+    CHECKF (strstr (msg, "key set: key is not hexadecimal (character 1)"),
+            "%s", msg);
+    CHECK (strstr (unit_table_text (dev), zeros) != NULL);
+    free (words);
+  }
+  /* The same key back: the data reads back, through a resume. */
+  CHECK (unit_message (dev, 0, "key set " KEY512, msg, sizeof msg) ==
+         MESSAGE_TABLE_CHANGED);
+  CHECK (strstr (unit_table_text (dev), KEY512) != NULL);
+  CHECK (device_resume (dev, &err) == 0);
+  CHECK (device_pread (dev, buf, size, 0, 0) == 0);
+  CHECK (memcmp (buf, data, size) == 0);
+
+  /* A refused key set on a key that is there keeps it. */
+  CHECK (device_suspend (dev, false) == 0);
+  CHECK (unit_message (dev, 0, "key set " KEY256, msg, sizeof msg) ==
+         -EINVAL);
+  CHECK (device_resume (dev, &err) == 0);
+  CHECK (device_pread (dev, buf, size, 0, 0) == 0);
+  CHECK (memcmp (buf, data, size) == 0);
+
+  /* Another key, set without a wipe: the same ciphertext, other data. */
+  CHECK (device_suspend (dev, false) == 0);
+  {
+    char words[256], *argv[3] = { (char *) "key", (char *) "set", words };
+    char *reply = NULL;
+
+    snprintf (words, sizeof words, "%s", other);
+    CHECK (device_message (dev, 0, 3, argv, &reply, &err) ==
+           MESSAGE_TABLE_CHANGED);
+    free (reply);
+    CHECKF (strspn (words, "0") == 128, "the key's text is not wiped: %s",
+            words);
+  }
+  CHECK (strstr (unit_table_text (dev), other) != NULL);
+  CHECK (device_resume (dev, &err) == 0);
+  CHECK (device_pread (dev, buf, size, 0, 0) == 0);
+  CHECK (memcmp (buf, data, size) != 0);
+  free (other);
+  free (data);
+  free (buf);
+  device_destroy (dev);
+}
+
 int
 main (void)
 {
@@ -834,6 +944,7 @@ main (void)
   test_many_threads ("");
   test_many_threads ("1 sector_size:4096");
   test_bounce ();
+  test_messages ();
   free (A);
   free (B);
   UNIT_EXIT ();

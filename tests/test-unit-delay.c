@@ -6,7 +6,8 @@
  * a request delayed by an hour is seen waiting (status), a suspend lets it
  * go at once (the test would hang otherwise; alarm() turns a hang into a
  * failure), and after resume requests are held again; a held request
- * given up (mapper_request_abandoned) fails with ESHUTDOWN.
+ * given up (mapper_request_abandoned) fails with ESHUTDOWN; the message
+ * "delay" refuses bad forms and lets a held request go at a new delay.
  */
 #include <config.h>
 
@@ -413,6 +414,61 @@ test_given_up (void)
   mapper_request_abandoned = NULL;
 }
 
+/* The message "delay" (ours): each bad form refused with the table as it
+ * was; a good one changes the table's delays, and a request held by an
+ * hour's delay is let go by a message setting 0 (it measures its wait
+ * again), without a suspend.
+ */
+static void
+test_message (void)
+{
+  static const struct { const char *words, *want; } bad[] = {
+    { "delay", "this table gives 2 classes of delay, so 2 numbers, got 0" },
+    { "delay 1", "so 2 numbers, got 1" },
+    { "delay 1 2 3", "so 2 numbers, got 3" },
+    { "delay x 1", "delay: invalid delay 'x' (milliseconds, 0 to" },
+    { "delay 1 -1", "delay: invalid write delay '-1'" },
+    { "delay 1 4294967296", "delay: invalid write delay '4294967296'" },
+    { "slow 1 2", "unrecognised message 'slow': delay takes 'delay <ms> "
+      "<write_ms>'" },
+    { "", "unrecognised message ''" },
+  };
+  struct device *dev;
+  struct op o = { .op = IO_READ };
+  char msg[256], *want;
+  pthread_t th;
+
+  dev = unit_device ("message", unit_parse ("0 16 delay %s 0 " HOUR " %s 0 "
+                                            HOUR "\n", R, W));
+  for (size_t i = 0; i < ARRAY_SIZE (bad); i++)
+    unit_message_refused (dev, 0, bad[i].words, EINVAL, bad[i].want);
+
+  o.dev = dev;
+  atomic_init (&o.done, false);
+  if (pthread_create (&th, NULL, op_thread, &o) != 0)
+    UNIT_FATAL ("pthread_create");
+  wait_status (dev, "1 0 0");
+  CHECK (!atomic_load (&o.done));
+  /* The read's class only: the write delay stays an hour. */
+  CHECK (unit_message (dev, 0, "delay 0 " HOUR, msg, sizeof msg) ==
+         MESSAGE_TABLE_CHANGED);
+  pthread_join (th, NULL);              /* an hour, without the message */
+  CHECKF (o.result == 0, "%s", strerror (-o.result));
+  want = unit_sprintf ("%s 0 0 %s 0 " HOUR, R, W);
+  CHECKF (strstr (unit_table_text (dev), want) != NULL, "%s",
+          unit_table_text (dev));
+  free (want);
+  /* Flushes follow the write class, as in the table: still held. */
+  held_then_released (dev, IO_FLUSH, "0 0 1");
+  CHECK (unit_message (dev, 0, "DELAY 7 9", msg, sizeof msg) ==
+         MESSAGE_TABLE_CHANGED);
+  want = unit_sprintf ("%s 0 7 %s 0 9", R, W);
+  CHECKF (strstr (unit_table_text (dev), want) != NULL, "%s",
+          unit_table_text (dev));
+  free (want);
+  device_destroy (dev);
+}
+
 int
 main (void)
 {
@@ -425,6 +481,7 @@ main (void)
   test_suspend_releases ();
   test_zero_delay ();
   test_given_up ();
+  test_message ();
   free (R);
   free (W);
   free (F);

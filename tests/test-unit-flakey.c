@@ -11,6 +11,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -503,6 +504,79 @@ test_extents (void)
   }
 }
 
+struct reader {
+  struct device *dev;
+  _Atomic bool stop;
+};
+
+static void *
+reader_thread (void *arg)
+{
+  struct reader *rd = arg;
+  unsigned char buf[512];
+
+  while (!atomic_load (&rd->stop))
+    device_pread (rd->dev, buf, sizeof buf, 0, 0);   /* up or down */
+  return NULL;
+}
+
+/* The message "intervals" (ours): bad forms refused with the table and
+ * the behaviour as they were; good ones change the cycle at once, also
+ * while requests run (a reader thread, for ThreadSanitizer); the linear
+ * target after it takes no message.
+ */
+static void
+test_message (void)
+{
+  static const struct { const char *words, *want; } bad[] = {
+    { "intervals", "intervals: expected <up_interval> <down_interval>, got "
+      "0 arguments" },
+    { "intervals 1", "got 1 argument" },
+    { "intervals 1 2 3", "got 3 arguments" },
+    { "intervals x 1", "intervals: invalid up interval 'x' (seconds, 0 to "
+      "4294967295)" },
+    { "intervals 1 -1", "intervals: invalid down interval '-1'" },
+    { "intervals 0 0", "intervals: total (up + down) interval is zero" },
+    { "intervals 4294967295 1", "intervals: interval overflow: up "
+      "4294967295 + down 1 seconds exceeds 4294967295" },
+    { "up 1 2", "unrecognised message 'up': flakey takes 'intervals "
+      "<up_interval> <down_interval>'" },
+  };
+  struct device *dev = flakey_dev ("3600 0 1 error_reads");
+  struct reader rd = { .dev = dev };
+  unsigned char buf[S];
+  char msg[256];
+  pthread_t th;
+
+  atomic_init (&rd.stop, false);
+  if (pthread_create (&th, NULL, reader_thread, &rd) != 0)
+    UNIT_FATAL ("pthread_create");
+  CHECK (device_pread (dev, buf, S, 0, 0) == 0);
+  for (int i = 0; i < 100; i++) {
+    CHECK (unit_message (dev, 0, "intervals 0 3600", msg, sizeof msg) ==
+           MESSAGE_TABLE_CHANGED);
+    CHECK (device_pread (dev, buf, S, 0, 0) == -EIO);
+    CHECK (unit_message (dev, 63, "intervals 3600 0", msg, sizeof msg) ==
+           MESSAGE_TABLE_CHANGED);
+    CHECK (device_pread (dev, buf, S, 0, 0) == 0);
+  }
+  atomic_store (&rd.stop, true);
+  pthread_join (th, NULL);
+
+  CHECK (unit_message (dev, 0, "intervals 0 60", msg, sizeof msg) ==
+         MESSAGE_TABLE_CHANGED);
+  CHECKF (strstr (unit_table_text (dev), " 8 0 60 1 error_reads") != NULL,
+          "%s", unit_table_text (dev));
+  for (size_t i = 0; i < ARRAY_SIZE (bad); i++) {
+    unit_message_refused (dev, 0, bad[i].words, EINVAL, bad[i].want);
+    CHECK (device_pread (dev, buf, S, 0, 0) == -EIO);     /* still down */
+  }
+  unit_message_refused (dev, 64, "intervals 1 1", ENOTSUP,
+                        "target 'linear' at sector 64 does not accept "
+                        "messages");
+  device_destroy (dev);
+}
+
 int
 main (void)
 {
@@ -515,6 +589,7 @@ main (void)
   test_error_writes_reads ();
   test_corrupt ();
   test_extents ();
+  test_message ();
   free (A);
   free (B);
   UNIT_EXIT ();

@@ -274,7 +274,12 @@ main (void)
   {
     pthread_t t;
     pthread_create (&t, NULL, flusher, NULL);
-    usleep (10000);             /* let that flush start */
+    /* Once that flush has started: on a loaded machine a fixed sleep
+     * could end before the thread ran, and then only one flush is
+     * needed.
+     */
+    while (atomic_load (&nr_flushes) == 0)
+      usleep (1000);
     write_done (&be);
     CHECK (flush1 (&be) == 0);  /* waits, then flushes again */
     pthread_join (t, NULL);

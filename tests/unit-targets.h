@@ -178,6 +178,67 @@ unit_device (const char *name, struct table *t)
   return dev;
 }
 
+/* message DEV SECTOR WORDS... (words: separated by spaces, at most 8):
+ * device_message's result, err's text in msg.
+ */
+__attribute__ ((unused))
+static int
+unit_message (struct device *dev, uint64_t sector, const char *words,
+              char *msg, size_t len)
+{
+  struct mapper_err err = { "" };
+  char copy[1024], *argv[8], *reply = NULL, *save = NULL;
+  unsigned argc = 0;
+  int r;
+
+  snprintf (copy, sizeof copy, "%s", words);
+  for (char *w = strtok_r (copy, " ", &save); w && argc < 8;
+       w = strtok_r (NULL, " ", &save))
+    argv[argc++] = w;
+  r = device_message (dev, sector, argc, argv, &reply, &err);
+  free (reply);
+  snprintf (msg, len, "%s", err.msg);
+  return r;
+}
+
+/* dev's live table as text (keys shown), valid until the next call. */
+__attribute__ ((unused))
+static const char *
+unit_table_text (struct device *dev)
+{
+  static char *text;
+  int r = 0;
+
+  free (text);
+  text = device_table_text (dev, false, &r);
+  if (text == NULL)
+    UNIT_FATAL ("device_table_text: %s", strerror (-r));
+  return text;
+}
+
+/* message DEV SECTOR WORDS must fail with want_errno, its message
+ * containing want, and leave dev's live table as it was.
+ */
+#define unit_message_refused(dev, sector, words, want_errno, want) \
+  unit_message_refused_at (__LINE__, dev, sector, words, want_errno, want)
+__attribute__ ((unused))
+static void
+unit_message_refused_at (int srcline, struct device *dev, uint64_t sector,
+                         const char *words, int want_errno, const char *want)
+{
+  char *before = strdup (unit_table_text (dev)), msg[256];
+  int r = unit_message (dev, sector, words, msg, sizeof msg);
+
+  if (r != -want_errno || strstr (msg, want) == NULL ||
+      strcmp (unit_table_text (dev), before) != 0) {
+    fprintf (stderr, "%s:%d: message '%s': %d '%s', expected %d '%s'%s\n",
+             __FILE__, srcline, words, r, msg, -want_errno, want,
+             strcmp (unit_table_text (dev), before) ? ", table changed" : "");
+    unit_failures++;
+  }
+  free (before);
+}
+
 /* Read size bytes at off of path into a malloc'd buffer. */
 __attribute__ ((unused))
 static unsigned char *

@@ -19,6 +19,8 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include <openssl/crypto.h>
+
 #include "engine.h"
 #include "control-internal.h"
 
@@ -611,6 +613,38 @@ cmd_rename (struct reply *rp, struct proto_request *req)
   return 0;
 }
 
+/* A message changed what the live table's text says (a crypt key set, a
+ * delay's delays): a restart from tables=DIR must load what runs now, so
+ * it is saved again.  After the change, which the target has made: a
+ * failed save says the change is live but not saved.  A device that
+ * tables=DIR does not hold keeps its table=FILE as it is, as dm's
+ * messages change no table file.
+ */
+static int
+save_message (struct reply *rp, struct device *dev, const char *name)
+{
+  char *msg = NULL, *uuid, *text;
+  int r = persist_check_saved (name, &msg);
+
+  free (msg);
+  if (r == -EPERM)
+    return 0;
+  if ((text = device_table_text (dev, false, &r)) == NULL)
+    return reply_fail (rp, -r, "message %s: out of memory", name);
+  uuid = device_uuid (dev);
+  r = persist_write (name, uuid, text, &msg);
+  OPENSSL_cleanse (text, strlen (text));   /* may hold a crypt key */
+  free (text);
+  free (uuid);
+  if (r < 0) {
+    reply_fail (rp, -r, "message %s: the change is live but was not saved: "
+                "%s", name, msg ? msg : "out of memory");
+    free (msg);
+    return -1;
+  }
+  return 0;
+}
+
 static int
 cmd_message (struct reply *rp, struct proto_request *req)
 {
@@ -631,9 +665,17 @@ cmd_message (struct reply *rp, struct proto_request *req)
     return -1;
   r = device_message (dev, sector, req->nargs - 2, req->args + 2, &reply,
                       &err);
-  device_put (dev);
-  if (r < 0)
+  if (r < 0) {
+    device_put (dev);
     return reply_fail (rp, -r, "message %s: %s", req->args[0], err.msg);
+  }
+  if (r == MESSAGE_TABLE_CHANGED &&
+      save_message (rp, dev, req->args[0]) == -1) {
+    device_put (dev);
+    free (reply);
+    return -1;
+  }
+  device_put (dev);
   fputs (reply, rp->out);
   free (reply);
   return 0;

@@ -147,8 +147,15 @@ execute (struct control_conn *c)
     c->rsp_len = msglen;
   }
   free (rp.text);
+  /* Requests may carry crypt keys (a table, "key set"): wiped, not just
+   * freed.
+   */
+  for (uint32_t i = 0; req.args && i < req.nargs; i++)
+    OPENSSL_cleanse (req.args[i], strlen (req.args[i]));
   proto_request_free (&req);
   /* The next request starts afresh; idle connections keep no buffer. */
+  if (c->req)
+    OPENSSL_cleanse (c->req, c->req_cap);
   free (c->req);
   c->req = NULL;
   c->req_len = c->req_cap = 0;

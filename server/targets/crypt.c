@@ -36,7 +36,9 @@
  *
  * Keys: the hex key in the table text is overwritten as soon as it is
  * decoded; the binary key and every cipher context made from it are
- * wiped when the table is freed (xts_destroy).
+ * wiped when the table is freed (xts_destroy), or replaced or wiped by
+ * dm-crypt's messages "key set <key>" and "key wipe" (suspended device
+ * only; after a wipe, resume is refused until a key is set).
  * status TABLE prints the key, like dm; hiding it is the caller's job
  * (dmsetup table shows it only with --showkeys).
  */
@@ -69,8 +71,16 @@ struct crypt {
   bool allow_discards;
   bool same_cpu_crypt, submit_from_crypt_cpus;
   bool no_read_workqueue, no_write_workqueue;
-  /* The key, sector size and IVs; keyed contexts. */
+  /* The key, sector size and IVs; keyed contexts.  Replaced only by a
+   * message, on a suspended device (no I/O in flight).
+   */
   struct crypt_xts xts;
+  /* dm's DM_CRYPT_SUSPENDED and DM_CRYPT_KEY_VALID: changed and read
+   * only with the device's lock held (postsuspend, resume, preresume,
+   * message).
+   */
+  bool suspended;
+  bool key_wiped;
 };
 
 /* Partial-sector read-modify-write is serialised per backend sector
@@ -365,6 +375,135 @@ crypt_dtr (struct target *ti)
   crypt_free (ti->private);
 }
 
+/* --- suspend, resume, messages ------------------------------------------ */
+
+static void
+crypt_postsuspend (struct target *ti)
+{
+  struct crypt *cc = ti->private;
+
+  cc->suspended = true;
+}
+
+static void
+crypt_resume (struct target *ti)
+{
+  struct crypt *cc = ti->private;
+
+  cc->suspended = false;
+}
+
+/* dm's crypt_preresume: no I/O without a key. */
+static int
+crypt_preresume (struct target *ti, struct mapper_err *err)
+{
+  struct crypt *cc = ti->private;
+
+  if (cc->key_wiped) {
+    mapper_err_set (err, "its key was wiped ('key wipe'): resume refused "
+                    "until a message 'key set <key>' gives one");
+    return -EAGAIN;
+  }
+  return 0;
+}
+
+/* key set <key>: a key of the size the table has, checked (by OpenSSL
+ * too) into a transform of its own before the old one is wiped, so that
+ * a refused key changes nothing.  (dm clears its key-valid flag before
+ * decoding the hex, so a bad one there also blocks resume.)  hex is
+ * overwritten whatever happens.
+ */
+static int
+crypt_set_key (struct crypt *cc, char *hex, struct mapper_err *err)
+{
+  struct crypt_xts x = {
+    .sector_size = cc->xts.sector_size, .iv_mode = cc->xts.iv_mode,
+    .iv_large_sectors = cc->xts.iv_large_sectors,
+    .iv_offset = cc->xts.iv_offset,
+  };
+  size_t digits = strlen (hex);
+  int r;
+
+  if (hex[0] == ':') {
+    memset (hex, '0', digits);
+    mapper_err_set (err, "key set: kernel keyring keys (':<size>:<type>:"
+                    "<description>') are not supported here: no kernel "
+                    "keyring; give the key in hex");
+    return -ENOTSUP;
+  }
+  /* The size first, as dm (get_key_size): it may not change. */
+  if (strcmp (hex, "-") != 0 && digits != cc->xts.key_size * 2) {
+    memset (hex, '0', digits);
+    mapper_err_set (err, "key of %zu hex digits is the wrong size: this "
+                    "target's key is %zu bits (%zu hex digits), and a "
+                    "message cannot change that", digits,
+                    cc->xts.key_size * 8, cc->xts.key_size * 2);
+    r = -EINVAL;
+    goto out;
+  }
+  if ((r = crypt_take_key (&x, hex, err)) < 0 ||
+      (r = xts_init (&x, err)) < 0)
+    goto out;
+  xts_destroy (&cc->xts);
+  memcpy (&cc->xts, &x, sizeof x);
+  cc->key_wiped = false;
+  OPENSSL_cleanse (&x, sizeof x);
+  return MESSAGE_TABLE_CHANGED;
+
+ out:
+  mapper_err_prefix (err, "key set");
+  xts_destroy (&x);
+  return r;
+}
+
+/* dm-crypt's messages: "key set <key>" and "key wipe", only while
+ * suspended.  Every word after "key set" or "key wipe" is overwritten
+ * (it may be a key), and none is ever echoed.
+ */
+static int
+crypt_message (struct target *ti, unsigned argc, char **argv, char *reply,
+               size_t len, struct mapper_err *err)
+{
+  struct crypt *cc = ti->private;
+  bool set = argc >= 2 && strcasecmp (argv[1], "set") == 0;
+  bool wipe = argc >= 2 && strcasecmp (argv[1], "wipe") == 0;
+  int r;
+
+  if (argc < 2 || strcasecmp (argv[0], "key") != 0 || !(set || wipe)) {
+    mapper_err_set (err, "unrecognised message: crypt takes 'key set "
+                    "<key>' and 'key wipe'");
+    r = -EINVAL;
+  }
+  else if (!cc->suspended) {
+    mapper_err_set (err, "key %s: the device is not suspended (dm-crypt "
+                    "changes keys only on a suspended device: suspend it "
+                    "first)", set ? "set" : "wipe");
+    r = -EBUSY;
+  }
+  else if (set && argc != 3) {
+    mapper_err_set (err, "key set: expected one key, got %u words",
+                    argc - 2);
+    r = -EINVAL;
+  }
+  else if (wipe && argc != 2) {
+    mapper_err_set (err, "key wipe: takes no argument, got %u", argc - 2);
+    r = -EINVAL;
+  }
+  else if (set)
+    r = crypt_set_key (cc, argv[2], err);
+  else {
+    /* The key and every context keyed from it; the size stays, for key
+     * set and for status (a key of zeros, as dm shows).
+     */
+    xts_destroy (&cc->xts);
+    cc->key_wiped = true;
+    r = 0;
+  }
+  for (unsigned i = 2; i < argc; i++)
+    memset (argv[i], '0', strlen (argv[i]));
+  return r;
+}
+
 /* --- I/O ---------------------------------------------------------------- */
 
 /* Read [off, off+len) (target bytes) into buf. */
@@ -573,4 +712,8 @@ const struct target_type crypt_target = {
   .extents = crypt_extents,
   .status = crypt_status,
   .iterate_backends = crypt_iterate_backends,
+  .postsuspend = crypt_postsuspend,
+  .preresume = crypt_preresume,
+  .resume = crypt_resume,
+  .message = crypt_message,
 };

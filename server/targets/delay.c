@@ -22,6 +22,9 @@
  * class's delay first.  dm sends the flush bio only to the flush device;
  * here the read and write devices are flushed as well, which is never
  * less safe.
+ *
+ * Message (ours; dm-delay has none): "delay <ms> [<write_ms>
+ * [<flush_ms>]]" changes the delays at run time.
  */
 #include <config.h>
 
@@ -29,6 +32,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <time.h>
 
 #include "target.h"
@@ -49,7 +53,10 @@ struct delay_class {
   /* Read-only after ctr. */
   struct backend *be;
   uint64_t start;               /* bytes into the backend */
-  uint32_t delay_ms;
+  /* Set by ctr and by the "delay" message (under the lock, which wakes
+   * the waiters to measure again); read without it by each request.
+   */
+  _Atomic uint32_t delay_ms;
 };
 
 struct delay {
@@ -141,17 +148,19 @@ delay_dtr (struct target *ti)
 static int
 delay_wait (struct delay *dc, struct io_req *req, int cls)
 {
-  uint32_t ms = dc->class[cls].delay_ms;
+  const _Atomic uint32_t *ms = &dc->class[cls].delay_ms;
   uint64_t deadline, asked = 0;
   int r = 0;
 
-  if (ms == 0)
+  if (atomic_load_explicit (ms, memory_order_relaxed) == 0)
     return 0;
-  deadline = io_req_start_ns (req) + (uint64_t) ms * 1000000;
 
   pthread_mutex_lock (&dc->lock);
   dc->waiting[cls]++;
-  while (r == 0 && dc->may_delay && monotonic_ns () < deadline)
+  /* The deadline again after each wake-up: a message may change it. */
+  while (r == 0 && dc->may_delay &&
+         monotonic_ns () < (deadline = io_req_start_ns (req) +
+                            (uint64_t) atomic_load (ms) * 1000000))
     r = request_wait (&dc->cond, &dc->lock, deadline, &asked);
   dc->waiting[cls]--;
   pthread_mutex_unlock (&dc->lock);
@@ -197,6 +206,47 @@ delay_resume (struct target *ti)
   dc->may_delay = true;
 }
 
+/* Ours (dm-delay has no messages): "delay <ms> [<write_ms>
+ * [<flush_ms>]]", one number per class the table gives (3, 6 or 9
+ * arguments: 1, 2 or 3), checked as the table's are.  Requests waiting
+ * now measure their wait again from their start.
+ */
+static int
+delay_message (struct target *ti, unsigned argc, char **argv, char *reply,
+               size_t len, struct mapper_err *err)
+{
+  struct delay *dc = ti->private;
+  struct target_args as = { argc - 1, argv + 1 };
+  unsigned given = dc->argc / 3;
+  uint64_t ms[NR_CLASSES];
+  int r;
+
+  if (argc == 0 || strcasecmp (argv[0], "delay") != 0) {
+    mapper_err_set (err, "unrecognised message '%s': delay takes 'delay "
+                    "<ms>%s%s'", argc ? argv[0] : "",
+                    given >= 2 ? " <write_ms>" : "",
+                    given >= 3 ? " <flush_ms>" : "");
+    return -EINVAL;
+  }
+  if (argc - 1 != given) {
+    mapper_err_set (err, "delay: this table gives %u class%s of delay, so "
+                    "%u number%s, got %u", given, given == 1 ? "" : "es",
+                    given, given == 1 ? "" : "s", argc - 1);
+    return -EINVAL;
+  }
+  for (unsigned cls = 0; cls < given; cls++)
+    if ((r = target_read_arg (&class_delay[cls], &as, &ms[cls], err)) < 0) {
+      mapper_err_prefix (err, "delay");
+      return r;
+    }
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dc->lock);
+  /* Missing classes repeat the last one given, as in the table. */
+  for (unsigned cls = 0; cls < NR_CLASSES; cls++)
+    atomic_store (&dc->class[cls].delay_ms, ms[MIN (cls, given - 1)]);
+  pthread_cond_broadcast (&dc->cond);
+  return MESSAGE_TABLE_CHANGED;
+}
+
 static int
 delay_extents (struct target *ti, struct extent_walk *w, uint64_t off,
                uint64_t len)
@@ -224,7 +274,7 @@ delay_status (struct target *ti, enum status_type type, char *buf,
     for (unsigned cls = 0; cls < dc->argc / 3; cls++) {
       const struct delay_class *c = &dc->class[cls];
       EMIT ("%s%s %" PRIu64 " %" PRIu32, cls ? " " : "", backend_name (c->be),
-            c->start >> MAPPER_SECTOR_SHIFT, c->delay_ms);
+            c->start >> MAPPER_SECTOR_SHIFT, atomic_load (&c->delay_ms));
     }
   }
   return used;
@@ -257,4 +307,5 @@ const struct target_type delay_target = {
   .flush = delay_flush,
   .presuspend = delay_presuspend,
   .resume = delay_resume,
+  .message = delay_message,
 };

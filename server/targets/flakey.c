@@ -24,6 +24,9 @@
  * data, so corruption never applies to them.
  *
  * Always up: down_interval 0.  Always down: up_interval 0.
+ *
+ * Message (ours; dm-flakey has none): "intervals <up> <down>" changes
+ * the intervals at run time and starts the cycle again, up first.
  */
 #include <config.h>
 
@@ -47,11 +50,16 @@
 #define MAX_FEATURE_ARGS 11      /* dm-flakey's limit */
 
 struct flakey {
+  /* The cycle: set by ctr and by the "intervals" message, read by every
+   * request.  up and down in one word (up << 32 | down, seconds), so a
+   * request never sees one interval old and the other new; a request
+   * racing the message may see the new intervals against the old start.
+   */
+  _Atomic uint64_t born_ns;     /* CLOCK_MONOTONIC when the cycle began */
+  _Atomic uint64_t intervals;
   /* Read-only after ctr. */
   struct backend *be;
   uint64_t start;               /* bytes into the backend */
-  uint64_t born_ns;             /* CLOCK_MONOTONIC at load */
-  uint32_t up, down;            /* seconds */
   unsigned flags;               /* ERROR_READS | DROP_WRITES | ... */
   uint32_t corrupt_byte;        /* 1-based; 0: no corruption */
   bool corrupt_write;           /* direction w (else r) */
@@ -203,6 +211,32 @@ flakey_features (struct flakey *fc, struct target_args *as,
   return 0;
 }
 
+/* <up_interval> <down_interval> from as, checked as dm checks them:
+ * *packed for fc->intervals.
+ */
+static int
+flakey_read_intervals (struct target_args *as, uint64_t *packed,
+                       struct mapper_err *err)
+{
+  uint64_t up, down;
+  int r;
+
+  if ((r = target_read_arg (&up_arg, as, &up, err)) < 0 ||
+      (r = target_read_arg (&down_arg, as, &down, err)) < 0)
+    return r;
+  if (up + down == 0) {
+    mapper_err_set (err, "total (up + down) interval is zero");
+    return -EINVAL;
+  }
+  if (up + down > UINT32_MAX) {
+    mapper_err_set (err, "interval overflow: up %" PRIu64 " + down %" PRIu64
+                    " seconds exceeds %" PRIu32, up, down, UINT32_MAX);
+    return -EINVAL;
+  }
+  *packed = up << 32 | down;
+  return 0;
+}
+
 static int
 flakey_ctr (struct target *ti, unsigned argc, char **argv,
             struct mapper_err *err)
@@ -210,7 +244,7 @@ flakey_ctr (struct target *ti, unsigned argc, char **argv,
   struct target_args as = { argc, argv };
   struct flakey *fc;
   const char *dev;
-  uint64_t up, down;
+  uint64_t intervals;
   int r;
 
   if (argc < 4) {
@@ -227,23 +261,9 @@ flakey_ctr (struct target *ti, unsigned argc, char **argv,
   fc->born_ns = monotonic_ns ();
   dev = target_shift_arg (&as);
   if ((r = target_read_sectors ("offset", &as, &fc->start, err)) < 0 ||
-      (r = target_read_arg (&up_arg, &as, &up, err)) < 0 ||
-      (r = target_read_arg (&down_arg, &as, &down, err)) < 0)
+      (r = flakey_read_intervals (&as, &intervals, err)) < 0)
     goto err;
-  fc->up = up;
-  fc->down = down;
-  if (up + down == 0) {
-    mapper_err_set (err, "total (up + down) interval is zero");
-    r = -EINVAL;
-    goto err;
-  }
-  if (up + down > UINT32_MAX) {
-    mapper_err_set (err, "interval overflow: up %" PRIu32 " + down %" PRIu32
-                    " seconds exceeds %" PRIu32, fc->up, fc->down,
-                    UINT32_MAX);
-    r = -EINVAL;
-    goto err;
-  }
+  fc->intervals = intervals;
   if ((r = flakey_features (fc, &as, err)) < 0)
     goto err;
   r = target_get_backend (ti, dev, fc->start, ti->len, &fc->be, err);
@@ -266,9 +286,47 @@ flakey_dtr (struct target *ti)
 static bool
 flakey_is_down (const struct flakey *fc)
 {
-  uint64_t elapsed = (monotonic_ns () - fc->born_ns) / 1000000000;
+  uint64_t iv = atomic_load_explicit (&fc->intervals, memory_order_relaxed);
+  uint64_t up = iv >> 32, down = (uint32_t) iv;
+  uint64_t born = atomic_load_explicit (&fc->born_ns, memory_order_relaxed);
+  uint64_t now = monotonic_ns ();
+  uint64_t elapsed = (now > born ? now - born : 0) / 1000000000;
 
-  return elapsed % ((uint64_t) fc->up + fc->down) >= fc->up;
+  return elapsed % (up + down) >= up;
+}
+
+/* Ours (dm-flakey takes no messages): "intervals <up> <down>" sets new
+ * intervals, checked as the table's are, and starts the cycle again now,
+ * up first, as a reload would, without one.
+ */
+static int
+flakey_message (struct target *ti, unsigned argc, char **argv, char *reply,
+                size_t len, struct mapper_err *err)
+{
+  struct flakey *fc = ti->private;
+  struct target_args as = { argc - 1, argv + 1 };
+  uint64_t intervals;
+  int r;
+
+  if (argc == 0 || strcasecmp (argv[0], "intervals") != 0) {
+    mapper_err_set (err, "unrecognised message '%s': flakey takes "
+                    "'intervals <up_interval> <down_interval>'",
+                    argc ? argv[0] : "");
+    return -EINVAL;
+  }
+  if (argc != 3) {
+    mapper_err_set (err, "intervals: expected <up_interval> "
+                    "<down_interval>, got %u argument%s", argc - 1,
+                    argc == 2 ? "" : "s");
+    return -EINVAL;
+  }
+  if ((r = flakey_read_intervals (&as, &intervals, err)) < 0) {
+    mapper_err_prefix (err, "intervals");
+    return r;
+  }
+  atomic_store (&fc->born_ns, monotonic_ns ());
+  atomic_store (&fc->intervals, intervals);
+  return MESSAGE_TABLE_CHANGED;
 }
 
 static bool
@@ -400,6 +458,7 @@ flakey_status (struct target *ti, enum status_type type, char *buf,
                size_t len)
 {
   struct flakey *fc = ti->private;
+  uint64_t iv = atomic_load (&fc->intervals);
   unsigned nr;
   size_t used = 0;
 
@@ -407,8 +466,8 @@ flakey_status (struct target *ti, enum status_type type, char *buf,
     return 0;
   /* dm's order: the flag features in flag_features' order, corrupt. */
   nr = __builtin_popcount (fc->flags) + (fc->corrupt_byte ? 5 : 0);
-  EMIT ("%s %" PRIu64 " %" PRIu32 " %" PRIu32 " %u", backend_name (fc->be),
-        fc->start >> MAPPER_SECTOR_SHIFT, fc->up, fc->down, nr);
+  EMIT ("%s %" PRIu64 " %" PRIu64 " %" PRIu64 " %u", backend_name (fc->be),
+        fc->start >> MAPPER_SECTOR_SHIFT, iv >> 32, iv & UINT32_MAX, nr);
   for (size_t i = 0; i < ARRAY_SIZE (flag_features); i++)
     if (fc->flags & flag_features[i].flag)
       EMIT (" %s", flag_features[i].name);
@@ -440,4 +499,5 @@ const struct target_type flakey_target = {
   .status = flakey_status,
   .iterate_backends = flakey_iterate_backends,
   .flush = flakey_flush,
+  .message = flakey_message,
 };
