@@ -5,7 +5,8 @@
 # error_if_no_space a write that needs a block fails with ENOSPC and the
 # status says out_of_data_space; without it the write is queued, and a
 # reload of the pool over a larger data device grows the pool and lets
-# it finish.  Writes to provisioned blocks go on meanwhile.
+# it finish.  Writes to provisioned blocks go on meanwhile, and a write
+# waiting for space does not hold up a stop.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
@@ -73,8 +74,28 @@ wait $writer || die "the queued write did not finish after the pool grew"
 st | grep -q '^33/64 - rw ' || die "status after growing: $(st)"
 nbdsh -u "$uri" -c 'assert h.pread(65536, 0)[:4096] == b"\5" * 4096'
 
-ms remove t1
-ms remove pool
-stop_server ctl
+# 4. A write queued for space does not hold a stop up: SIGTERM gives it
+# up (stop_server fails the test if the server is still there after
+# 10 s, well before the 60 s a queued write may wait).
+nbdsh -u "$uri" -c '
+import errno
+h.pwrite(b"\7" * (31 << 16), 42 << 16)          # the last 31 blocks
+c = h.aio_pwrite(b"\10" * 65536, 80 << 16)
+for i in range(20):
+    h.poll(50)
+assert not h.aio_command_completed(c), "the queued write completed"
+with open("'"$tmpdir/queued2"'", "w") as f: f.write("1")
+try:
+    while not h.aio_command_completed(c):
+        h.poll(1000)
+    assert False, "the queued write worked with no space"
+except nbd.Error as e:
+    print("queued write given up:", e)
+' > "$tmpdir/writer2" 2>&1 &
+writer=$!
+wait_file "$tmpdir/queued2"
+st | grep -q '^64/64 - out_of_data_space ' || die "status while queued: $(st)"
+stop_server ctl || die "the server did not stop with a write queued for space"
+wait $writer || { cat "$tmpdir/writer2"; die "the queued write"; }
 thin_check "$md" || die "thin_check"
 echo "$0: ok"
