@@ -5,7 +5,8 @@
 # own 4 KiB of one 64 KiB block, over 4 connections, for 48 blocks; then
 # again on a snapshot's shared blocks (copy on write).  Every write is
 # there, each volume maps exactly 48 blocks and the pool uses exactly the
-# blocks the volumes need: none was allocated twice.
+# blocks the volumes need: none was allocated twice.  A suspended pool
+# holds its volumes' writes, provisioning ones included.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
@@ -60,6 +61,33 @@ for blk in range(48):
         assert got[piece * 4096:(piece + 1) * 4096] == \
             bytes([1, blk, piece]) * (4096 // 3) + b"\0", (blk, piece)
 EOF2
+# A suspended pool holds its volumes' writes, those that provision a
+# block (which go to the data device directly) as well as the others;
+# the resume lets them finish.
+ms suspend pool
+python3 - "$sock" "$tmpdir/held" <<'EOF2' &
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri("nbd+unix:///t1?socket=%s" % sys.argv[1])
+new = h.aio_pwrite(b"n" * 4096, 60 * 65536)       # unprovisioned
+old = h.aio_pwrite(b"o" * 4096, 0)                 # provisioned
+for i in range(20):
+    h.poll(50)
+assert not h.aio_command_completed(new), "a provisioning write ran while the pool was suspended"
+assert not h.aio_command_completed(old), "a write ran while the pool was suspended"
+open(sys.argv[2], "w").write("1")
+# (a completed command is retired by the call that says so: once each)
+while h.aio_in_flight() > 0:
+    h.poll(1000)
+assert h.aio_command_completed(new) and h.aio_command_completed(old)
+assert h.pread(4096, 60 * 65536) == b"n" * 4096
+assert h.pread(4096, 0) == b"o" * 4096
+EOF2
+held=$!
+wait_file "$tmpdir/held" || { kill $held; die "writes not held by the suspended pool"; }
+ms resume pool
+wait $held || die "held writes after the resume"
+
 ms remove t2
 ms remove t1
 ms remove pool

@@ -343,6 +343,19 @@ pool_alloc_block (struct pool *p, uint64_t *block)
   }
 }
 
+int
+pool_wait_running (struct pool *p)
+{
+  uint64_t asked = 0;
+  int r = 0;
+
+  pthread_mutex_lock (&p->lock);
+  while (p->suspended && r == 0)
+    r = request_wait (&p->space_cond, &p->lock, 0, &asked);
+  pthread_mutex_unlock (&p->lock);
+  return r;
+}
+
 pthread_mutex_t *
 pool_cell (struct pool *p, uint64_t dev_id, uint64_t block)
 {
@@ -616,6 +629,7 @@ pool_resume (struct target *ti)
 
   pthread_mutex_lock (&p->lock);
   p->ti = ti;
+  p->suspended = false;
   p->pf = pc->pf;
   p->low_water_blocks = pc->low_water_blocks;
   atomic_store (&p->discard_enabled, pc->pf.discard_enabled);
@@ -637,6 +651,12 @@ pool_resume (struct target *ti)
   check_low_water (p);
 }
 
+/* The bound target goes (its device removed, or its table replaced by
+ * one that binds another target or none: the latter only without thin
+ * holders, see thin_check_lower): no events to it any more, and nothing
+ * waits for a resume of it.  The binding outlives a suspend: the
+ * suspended table is still the device's.
+ */
 static void
 pool_unbind (struct target *ti)
 {
@@ -644,8 +664,27 @@ pool_unbind (struct target *ti)
   struct pool *p = pc->pool;
 
   pthread_mutex_lock (&p->lock);
-  if (p->ti == ti)
+  if (p->ti == ti) {
     p->ti = NULL;
+    p->suspended = false;
+    pthread_cond_broadcast (&p->space_cond);
+  }
+  pthread_mutex_unlock (&p->lock);
+}
+
+/* dm's pool_presuspend: from now until the resume, the thin devices'
+ * writes to the data device wait, as the pool device's own requests do
+ * at its gate (the ones in flight finish).
+ */
+static void
+pool_presuspend (struct target *ti)
+{
+  struct pool_c *pc = ti->private;
+  struct pool *p = pc->pool;
+
+  pthread_mutex_lock (&p->lock);
+  if (p->ti == ti)
+    p->suspended = true;
   pthread_mutex_unlock (&p->lock);
 }
 
@@ -660,7 +699,6 @@ pool_postsuspend (struct target *ti)
   struct pool_c *pc = ti->private;
   struct pool *p = pc->pool;
 
-  pool_unbind (ti);
   if (!atomic_load (&p->commit_failed) && thin_md_changed (p->md) &&
       pthread_rwlock_trywrlock (&p->commit_rw) == 0) {
     pthread_rwlock_unlock (&p->commit_rw);
@@ -1044,6 +1082,7 @@ const struct target_type thin_pool_target = {
   .status = pool_status,
   .iterate_backends = pool_iterate_backends,
   .flush = pool_flush,
+  .presuspend = pool_presuspend,
   .resume = pool_resume,
   .postsuspend = pool_postsuspend,
   .message = pool_message,

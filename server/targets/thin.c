@@ -184,6 +184,8 @@ thin_provision (struct thin_c *tc, enum io_op op, uint64_t vblock,
   bool shared = false, mapped;
   int r;
 
+  if ((r = pool_wait_running (p)) < 0)
+    return r;
   pthread_mutex_lock (cell);
   pthread_rwlock_rdlock (&p->commit_rw);
   r = thin_md_find_block (tc->td, vblock, &old, &shared);
@@ -315,6 +317,8 @@ thin_discard (struct thin_c *tc, uint64_t off, uint64_t len)
     return 0;
   if (pool_mode (p) == PM_READ_ONLY || pool_mode (p) == PM_FAIL)
     return -EIO;
+  if ((r = pool_wait_running (p)) < 0)
+    return r;
   /* Shared: a block released here cannot be reused (that needs a
    * commit) before its passdown is done.
    */

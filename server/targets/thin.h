@@ -72,6 +72,12 @@ struct pool {
   bool low_water_raised;
   bool meta_low_water_raised;
   uint64_t space_gen;
+  /* The pool device is suspending or suspended (presuspend until the
+   * next bind): new provisioning, copies and discards, which go to the
+   * data device directly, wait for the resume as the pool device's own
+   * I/O does (space_cond).
+   */
+  bool suspended;
 
   /* Read on the request path without lock. */
   _Atomic int mode;             /* enum pool_mode */
@@ -118,6 +124,10 @@ int pool_alloc_block (struct pool *p, uint64_t *block);
  */
 void pool_md_failed (struct pool *p, const char *op, int r, const char *err);
 pthread_mutex_t *pool_cell (struct pool *p, uint64_t dev_id, uint64_t block);
+/* Wait while the pool device is suspended (struct pool's suspended),
+ * holding no pool lock.  0, or -ESHUTDOWN (request_wait gave up).
+ */
+int pool_wait_running (struct pool *p);
 static inline enum pool_mode
 pool_mode (struct pool *p)
 {
