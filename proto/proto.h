@@ -48,7 +48,8 @@ enum proto_cmd {
 #define PROTO_F_INACTIVE  0x4
 #define PROTO_F_SHOWKEYS  0x8
 #define PROTO_F_BACKENDS  0x10
-#define PROTO_F_ALL       0x1f
+#define PROTO_F_READONLY  0x40
+#define PROTO_F_ALL       0x5f
 
 /* HELLO payload flags. */
 #define PROTO_HELLO_KEY_REQUIRED 0x1

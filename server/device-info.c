@@ -63,6 +63,9 @@ device_get_info (struct device *dev, struct device_info *info)
   info->event_nr = atomic_load (&dev->event_nr);
   info->nr_targets = dev->live ? dev->live->nr_targets : 0;
   info->size = dev->live ? dev->live->caps.size : 0;
+  info->read_only = dev->live && !dev->live->caps.can_write;
+  info->live_ro = dev->live && dev->live->read_only;
+  info->inactive_ro = dev->inactive && dev->inactive->read_only;
 }
 
 static char *

@@ -108,6 +108,11 @@ int table_parse_file (const char *path, struct table **out,
                       struct mapper_err *err);
 void table_free (struct table *t);
 const struct mapper_caps *table_caps (const struct table *t);
+/* Serve t read-only whatever its backends allow (dmsetup -r): writes,
+ * zeroes and trims fail with EPERM.  Before t is loaded into a device.
+ */
+void table_set_read_only (struct table *t);
+bool table_read_only (const struct table *t);   /* was it set so? */
 size_t table_nr_targets (const struct table *t);
 size_t table_nr_backends (const struct table *t);
 /* "linear×2, striped" style one-line summary; returns bytes needed. */
@@ -174,6 +179,8 @@ struct device_info {
   uint64_t event_nr;
   size_t nr_targets;            /* of the live table */
   uint64_t size;                /* of the live table, bytes */
+  bool read_only;               /* the live table takes no writes */
+  bool live_ro, inactive_ro;    /* table_set_read_only tables */
 };
 /* A counted reference to the named device (NULL if none); release with
  * device_put.  device_open_conn also counts an open connection, atomically

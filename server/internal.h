@@ -176,6 +176,7 @@ struct table {
   uint64_t **levels;
   unsigned depth;
   bool has_flush_failed;        /* some target has flush_failed() */
+  bool read_only;               /* table_set_read_only: no writes */
   backend_vector backends;      /* distinct, each referenced once */
   /* Those of backends that only target_get_backend_read_only asked for
    * (no reference of their own): left out of the write capabilities.

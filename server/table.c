@@ -739,6 +739,21 @@ table_flush_hooks (struct table *t, uint32_t flags)
   return r;
 }
 
+void
+table_set_read_only (struct table *t)
+{
+  assert (t->device == NULL);
+  t->read_only = true;
+  t->caps.can_write = t->caps.can_trim = false;
+  t->caps.can_zero = t->caps.can_fast_zero = false;
+}
+
+bool
+table_read_only (const struct table *t)
+{
+  return t->read_only;
+}
+
 const struct mapper_caps *
 table_caps (const struct table *t)
 {

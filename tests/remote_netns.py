@@ -17,7 +17,7 @@ nbdmsetup = sys.argv[7]
 
 def backend_state():
     """nbdmsetup status --backends: the remote backend's state line."""
-    out = subprocess.run([nbdmsetup, "-c",
+    out = subprocess.run([nbdmsetup, "-a",
                           "nbd+unix:///control?socket=%s" % sock,
                           "status", "--backends", "remote"],
                          check=True, capture_output=True, text=True).stdout

@@ -189,7 +189,7 @@ if [ -x "$NBDMSETUP" ]; then
     key=$(python3 -c "import os; print(os.urandom(64).hex())")
     echo "0 2048 crypt aes-xts-plain64 $key 0 $f 0" > "$tmpdir/sec.table"
     start_server sec mapper "$tmpdir/sec.table"
-    ms () { "$NBDMSETUP" -c "nbd+unix:///control?socket=$sock" "$@"; }
+    ms () { "$NBDMSETUP" -a "nbd+unix:///control?socket=$sock" "$@"; }
     ms table sec > "$tmpdir/masked"
     ms table --showkeys sec > "$tmpdir/shown"
     cat "$tmpdir/masked"

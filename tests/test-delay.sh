@@ -72,7 +72,7 @@ if [ -x "$NBDMSETUP" ]; then
     sock=$tmpdir/held.sock
     echo "0 2048 delay $r 0 3600000" > "$tmpdir/held.table"
     start_server held mapper "$tmpdir/held.table"
-    ms () { timeout 60 "$NBDMSETUP" -c "nbd+unix:///control?socket=$sock" "$@"; }
+    ms () { timeout 60 "$NBDMSETUP" -a "nbd+unix:///control?socket=$sock" "$@"; }
     held_read ()
     {
         nbdsh -u "nbd+unix:///held?socket=$sock" \

@@ -28,7 +28,7 @@ cp "$tmpdir/up.table" "$tmpdir/dev.table"
 sock=$tmpdir/dev.sock
 ctl="nbd+unix:///control?socket=$sock"
 uri="nbd+unix:///dev?socket=$sock"
-ms () { "$NBDMSETUP" -c "$ctl" "$@"; }
+ms () { "$NBDMSETUP" -a "$ctl" "$@"; }
 mkdir "$tmpdir/fuse" "$tmpdir/mnt"
 
 # attach: nbdfuse + a fresh loop device (no blocks cached from before).

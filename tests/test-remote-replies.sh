@@ -46,7 +46,7 @@ served ()
 # through the mapper (to wake its reconnects).
 up_now ()
 {
-    "$NBDMSETUP" -c "nbd+unix:///control?socket=$tmpdir/m.sock" \
+    "$NBDMSETUP" -a "nbd+unix:///control?socket=$tmpdir/m.sock" \
         status --backends > "$tmpdir/status.out" &&
         grep -q "$1/4 connections up" "$tmpdir/status.out" && return 0
     python3 -c 'import sys; from nbdcheck import connect
@@ -135,7 +135,7 @@ start_back --no-sr
 wait_up 3
 python3 io.py "$tmpdir/m.sock" all-data || die "I/O and extents without connection 0"
 # Connection 0 is still not in use (it keeps retrying).
-"$NBDMSETUP" -c "nbd+unix:///control?socket=$tmpdir/m.sock" \
+"$NBDMSETUP" -a "nbd+unix:///control?socket=$tmpdir/m.sock" \
     status --backends > "$tmpdir/status.out" || die "status --backends"
 grep -q '3/4 connections up' "$tmpdir/status.out" ||
     { cat "$tmpdir/status.out"; die "not 3/4 up after the I/O"; }

@@ -855,8 +855,89 @@ test_modes (void)
     CHECK (check_clean (path, "grown at open"));
 }
 
-/* A full metadata device: the change fails with -ENOSPC and a message,
- * the metadata refuses more changes, the last commit stays intact.
+/* Hundreds of devices: the top-level and details trees get internal
+ * nodes, and deleting most of them rebalances and shrinks those trees.
+ */
+static int
+count_fn (void *opaque, const struct thin_md_dev_info *info)
+{
+  uint8_t *alive = opaque;
+
+  if (info->dev_id >= 4000 || !alive[info->dev_id] ||
+      info->mapped_blocks != info->dev_id % 3)
+    return -EIO;
+  alive[info->dev_id] = 2;
+  return 0;
+}
+
+static void
+test_many_devices (void)
+{
+  const char *path = path_of ("many.md");
+  static uint8_t alive[4000];
+  struct fdev d;
+  char err[PD_ERR_LEN], cmd[1024];
+  struct thin_md *md;
+  struct thin_md_dev *td;
+  uint64_t b, free0, n;
+  int nalive = 0;
+
+  md = fresh (path, &d, 64);
+  if (!md)
+    return;
+  thin_md_get_free_data_blocks (md, &free0);
+  for (int i = 0; i < 700; i++) {
+    int id = (int) ((i * 2654435761u) % 4000);
+    if (alive[id])
+      continue;
+    CHECKF (thin_md_create_thin (md, id, err) == 0, "create %d: %s", id, err);
+    CHECK_EQ (thin_md_dev_open (md, id, &td, err), 0);
+    for (int k = 0; k < id % 3; k++) {
+      CHECK_EQ (thin_md_alloc_data_block (md, &b), 0);
+      CHECK_EQ (thin_md_insert_block (td, k * 1000, b), 0);
+    }
+    thin_md_dev_close (td);
+    alive[id] = 1;
+    nalive++;
+  }
+  for (int round = 0; round < 4; round++) {
+    CHECK_EQ (thin_md_commit (md, err), 0);
+    if (have_tools) {
+      CHECK (check_clean (path, "many devices"));
+      snprintf (cmd, sizeof cmd, "test \"$(thin_dump '%s' | grep -c '<device ')\" "
+                "= %d", path, nalive);
+      CHECKF (run (cmd) == 0, "thin_dump does not show %d devices", nalive);
+    }
+    for (int id = 0; id < 4000; id++)
+      if (alive[id])
+        alive[id] = 1;
+    CHECK_EQ (thin_md_list_devices (md, count_fn, alive), 0);
+    for (int id = 0; id < 4000; id++)
+      CHECKF (alive[id] != 1, "device %d not listed", id);
+    /* delete about 60% of what is left, in a scattered order */
+    for (int id = round; id < 4000; id += 1 + (id % 2)) {
+      if (!alive[id] || rnd (5) < 2)
+        continue;
+      CHECKF (thin_md_delete (md, id, err) == 0, "delete %d: %s", id, err);
+      alive[id] = 0;
+      nalive--;
+    }
+  }
+  for (int id = 0; id < 4000; id++)
+    if (alive[id])
+      CHECKF (thin_md_delete (md, id, err) == 0, "delete %d: %s", id, err);
+  CHECK_EQ (thin_md_commit (md, err), 0);
+  thin_md_get_free_data_blocks (md, &n);
+  CHECK_EQ (n, free0);
+  if (have_tools)
+    CHECK (check_clean (path, "many devices, all deleted"));
+  finish (md, &d);
+}
+
+/* A nearly full metadata device: as dm, a reserve is kept for the
+ * commit, so changes are refused with -ENOSPC and a message while the
+ * metadata stays sound: what was done commits, clean, and deleting a
+ * device makes room again.
  */
 static void
 test_metadata_full (void)
@@ -869,42 +950,45 @@ test_metadata_full (void)
   struct thin_md_dev *td;
   uint64_t b;
 
-  unit_write_file (path, NULL, 24 * PD_BLOCK_SIZE);
+  unit_write_file (path, NULL, 40 * PD_BLOCK_SIZE);
   md = md_open (&d, path, 64, err, &r);
   CHECKF (md, "open: %s", err);
   if (!md)
     return;
   memset (&m, 0, sizeof m);
   do_create (md, &m, 1);
-  do_write (md, &m, 1, 0, 10);
+  do_create (md, &m, 2);
+  do_write (md, &m, 2, 0, 300);
   commit_and_check (md, path, &m, &committed, "metadata nearly full");
   CHECK_EQ (thin_md_dev_open (md, 1, &td, err), 0);
-  for (v = 10; v < 100000; v++) {
-    if ((r = thin_md_alloc_data_block (md, &b)) != 0 ||
-        (r = thin_md_insert_block (td, v, b)) != 0)
+  for (v = 0; v < NVB; v++) {
+    if ((r = thin_md_alloc_data_block (md, &b)) != 0)
       break;
+    if ((r = thin_md_insert_block (td, v, b)) != 0) {
+      CHECK_EQ (thin_md_release_data_block (md, b), 0);
+      break;
+    }
+    m.dev[1].data[v] = b + 1;
+    m.dev[1].mapped++;
   }
-  thin_md_dev_close (td);
   CHECK_EQ (r, -ENOSPC);
   thin_md_last_error (md, err);
-  CHECKF (strstr (err, "metadata device full (24 blocks)"), "%s", err);
-  CHECK (thin_md_failed (md));
-  CHECK_EQ (thin_md_create_thin (md, 2, err), -EROFS);
-  CHECKF (strstr (err, "metadata device full"), "%s", err);
-  CHECK_EQ (thin_md_commit (md, err), -EROFS);
-  CHECK_EQ (thin_md_close (md, err), 0);
-  close (d.fd);
-  if (have_tools) {
-    CHECK (check_clean (path, "metadata full"));
-    CHECK (dump_equals (path, &committed, false, "metadata full"));
-  }
-  md = md_open (&d, path, 64, err, &r);
-  CHECKF (md, "reopen: %s", err);
-  if (md) {
-    CHECK (library_equals (md, &committed, "metadata full, reopened"));
-    thin_md_close (md, NULL);
-  }
-  close (d.fd);
+  CHECKF (strstr (err, "metadata space low: ") &&
+          strstr (err, "of 40 blocks free, 16 kept for the commit"),
+          "%s", err);
+  CHECK (!thin_md_failed (md));
+  CHECK_EQ (thin_md_create_thin (md, 3, err), -ENOSPC);
+  CHECKF (strstr (err, "metadata space low"), "%s", err);
+  CHECK (v > 10);
+  thin_md_dev_close (td);
+  commit_and_check (md, path, &m, &committed, "metadata full, committed");
+  /* deleting frees blocks, after the commit they can be used again */
+  do_delete (md, &m, 2);
+  commit_and_check (md, path, &m, &committed, "metadata full, deleted");
+  do_create (md, &m, 3);
+  do_write (md, &m, 3, 0, 50);
+  commit_and_check (md, path, &m, &committed, "metadata room again");
+  finish (md, &d);
 }
 
 /* Lookups from several threads while another changes and commits. */
@@ -1539,6 +1623,7 @@ main (void)
   test_modes ();
   test_threads ();
   test_metadata_full ();
+  test_many_devices ();
   test_metadata_snap ();
   test_delta ();
   test_restore ();

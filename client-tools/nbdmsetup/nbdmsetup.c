@@ -5,6 +5,7 @@
  */
 #include <config.h>
 
+#include <assert.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -21,19 +22,11 @@
 #include <openssl/crypto.h>
 
 #include "proto.h"
+#include "nbdmsetup.h"
 
 static const char *uri;
 static const char *key_file;
-/* The options of one command.  A batch line starts from the command
- * line's: one struct, so that is one assignment whatever options exist.
- */
-static struct options {
-  bool json;
-  uint32_t flags;               /* PROTO_F_* */
-  const char *uuid;
-  const char *table_text;       /* --table TEXT */
-  double timeout;               /* --timeout, or -1 */
-} opts = { .timeout = -1 };
+struct options opts = { .timeout = -1 };
 /* Seconds to wait for the server to connect and for each reply, when
  * --timeout does not say (it does not for wait, where it is the event's
  * timeout): $NBDMSETUP_TIMEOUT, else this.  0: no limit.
@@ -43,10 +36,9 @@ static bool default_from_env;   /* it is $NBDMSETUP_TIMEOUT */
 static const char *batch_file;  /* the batch being run, or NULL */
 static unsigned batch_lineno;   /* the line of it being run */
 static bool stdin_is_batch;     /* the batch's lines come from stdin */
+const char *die_note;
 
-static void die (const char *fmt, ...)
-  __attribute__ ((format (printf, 1, 2), noreturn));
-static void
+void
 die (const char *fmt, ...)
 {
   va_list ap;
@@ -57,6 +49,8 @@ die (const char *fmt, ...)
   va_start (ap, fmt);
   vfprintf (stderr, fmt, ap);
   va_end (ap);
+  if (die_note)
+    fprintf (stderr, " (%s)", die_note);
   fputc ('\n', stderr);
   exit (EXIT_FAILURE);
 }
@@ -65,38 +59,54 @@ static void __attribute__ ((noreturn))
 usage (FILE *fp, int status)
 {
   fprintf (fp,
-"Usage: nbdmsetup [-c URI] [-k KEYFILE] [--json] COMMAND [ARGS...]\n"
+"Usage: nbdmsetup [-a URI] [-k KEYFILE] [--json] [-v] COMMAND [ARGS...]\n"
 "Drive the devices of an nbdmapper server (nbdkit mapper) like dmsetup.\n"
+"NAME may be replaced by -u UUID.\n"
 "\n"
 "Commands:\n"
 "  version                          client and server versions\n"
-"  ls                               list devices\n"
-"  create NAME [--uuid U] [TABLE]   new device (no TABLE: suspended, empty)\n"
-"  load|reload NAME [TABLE]         fill the inactive table slot\n"
+"  ls [--target TYPE] [--tree [-o OPTIONS]]\n"
+"                                   list devices (or their stacking tree)\n"
+"  create NAME [-u UUID] [-r] [-n|--table TEXT|TABLE]\n"
+"                                   new device (-n: suspended, no table)\n"
+"  load|reload NAME [-r] [TABLE]    fill the inactive table slot\n"
 "  clear NAME                       drop the inactive table\n"
 "  suspend [--noflush] NAME         hold new I/O, drain, flush\n"
 "  resume NAME                      make the inactive table live, release I/O\n"
-"  replace NAME [TABLE]             load + suspend + resume in one step\n"
-"  remove [--force] NAME            remove a device\n"
+"  replace NAME [-r] [TABLE]        load + suspend + resume in one step\n"
+"  remove [-f] NAME                 remove a device\n"
+"  remove_all [-f]                  remove every device, holders first\n"
+"  wipe_table NAME                  replace the table with an error table\n"
 "  rename OLD NEW                   rename a device\n"
 "  info [NAME]                      state, tables, counts (dmsetup info)\n"
-"  table [--inactive] [--showkeys] [NAME]\n"
-"  status [--backends] [NAME]       per-target status lines, or each\n"
+"  info -c [-o FIELDS] [-O FIELDS] [--noheadings] [--separator S]\n"
+"       [--nameprefixes] [NAME]     the same in columns (-o help: fields)\n"
+"  deps [NAME]                      the backends each device uses\n"
+"  table [--inactive] [--showkeys] [--target TYPE] [NAME]\n"
+"  status [--backends] [--target TYPE] [NAME]\n"
+"                                   per-target status lines, or each\n"
 "                                   backend's state (NBD connections)\n"
 "  message NAME SECTOR WORDS...     send a message to a target\n"
-"  targets                          target types and versions\n"
+"  targets, target-version [TYPE...]  target types and versions\n"
 "  wait NAME [EVENT_NR] [--timeout S]  (S: how long to wait for the event)\n"
 "  batch [FILE]                     commands from FILE (default standard\n"
 "                                   input), one per line, one connection\n"
+"  help [-c]                        this help (-c: the info -c fields)\n"
 "\n"
-"TABLE is a file, or - for standard input (the default for load and\n"
-"replace), or --table 'TEXT'.\n"
+"TABLE is a file, or - for standard input (the default for create,\n"
+"load and replace), or --table 'TEXT'.  -- ends the options.\n"
 "\n"
 "Options:\n"
-"  -c, --connect URI   the control export (default $NBDMSETUP_URI), e.g.\n"
+"  -a, --connect URI   the control export (default $NBDMSETUP_URI), e.g.\n"
 "                      nbd+unix:///control?socket=/run/nbdmapper.sock\n"
 "  -k, --key FILE      HMAC key file (default $NBDMSETUP_KEY)\n"
-"  -j, --json          JSON output for read commands\n"
+"  --json              JSON output for read commands\n"
+"  -c, -C, --columns   info in columns; -o, --options FIELDS selects them\n"
+"  -u, --uuid UUID     create: the uuid; else the device with this uuid\n"
+"  -f, --force         remove, remove_all: even while clients are connected\n"
+"  -n, --notable       create: no table;  -r, --readonly: a read-only table\n"
+"  -v, --verbose       deps, table, status, wait: the device's info first\n"
+"  -y, --yes           accepted (nbdmsetup never asks)\n"
 "  --timeout SECONDS   give up when the server has not connected or\n"
 "                      replied within SECONDS (default $NBDMSETUP_TIMEOUT,\n"
 "                      else 30; 0: no limit)\n"
@@ -371,11 +381,12 @@ die_table_error (unsigned cmd, const char *name, const char *msg)
   die ("%s", msg);
 }
 
-/* Send one request; return the response payload (malloc'd, NUL-ended).
- * A server-side error is printed and exits 1.
+/* Send one request with flags; return the response payload (malloc'd,
+ * NUL-ended).  A server-side error is printed and exits 1.
  */
-static char *
-call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
+char *
+call_flags (struct conn *c, unsigned cmd, uint32_t flags, unsigned nargs,
+            const char *const *args)
 {
   static uint64_t seq;
   char errmsg[256];
@@ -389,7 +400,7 @@ call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
   c->who = proto_cmd_name (cmd);
   c->secs = time_limit (cmd, false, &c->origin);
   c->note = "";
-  if (proto_encode_request (cmd, opts.flags, ++seq, nargs, args, c->key,
+  if (proto_encode_request (cmd, flags, ++seq, nargs, args, c->key,
                             c->keylen, c->nonce, &msg, &len,
                             errmsg, sizeof errmsg) == -1)
     die ("%s: %s", proto_cmd_name (cmd), errmsg);
@@ -422,6 +433,13 @@ call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
   return payload;
 }
 
+/* The same with the command line's flags. */
+char *
+call (struct conn *c, unsigned cmd, unsigned nargs, const char *const *args)
+{
+  return call_flags (c, cmd, opts.flags, nargs, args);
+}
+
 /* NBD_CMD_DISC, and a short wait for the server to close: the command
  * has succeeded, so a server that does not close is left to itself.
  */
@@ -443,7 +461,7 @@ disconnect (struct conn *c)
 
 /* --- output helpers ---------------------------------------------------- */
 
-static void
+void
 json_string (const char *s)
 {
   putchar ('"');
@@ -460,13 +478,7 @@ json_string (const char *s)
 }
 
 /* Split payload into lines of tab-separated fields (in place). */
-#define MAX_FIELDS 16
-struct row {
-  char *f[MAX_FIELDS];
-  int n;
-};
-
-static size_t
+size_t
 split_rows (char *payload, struct row **rows)
 {
   size_t n = 0, cap = 0;
@@ -494,26 +506,6 @@ split_rows (char *payload, struct row **rows)
     (*rows)[n++] = r;
   }
   return n;
-}
-
-/* The holders field(s) of an info row: names separated by tabs (the
- * last field of a row keeps its tabs), printed "a, b" or as JSON strings.
- */
-static void
-print_holders (char *field, bool more, bool json)
-{
-  char *save = NULL;
-  int k = 0;
-
-  for (char *name = strtok_r (field, "\t", &save); name;
-       name = strtok_r (NULL, "\t", &save), k++) {
-    if (more || k)
-      printf (", ");
-    if (json)
-      json_string (name);
-    else
-      printf ("%s", name);
-  }
 }
 
 /* --- commands ---------------------------------------------------------- */
@@ -592,104 +584,15 @@ print_version (struct conn *c)
   free (p);
 }
 
-static void
-print_ls (char *p)
-{
-  struct row *rows;
-  size_t n = split_rows (p, &rows);
-
-  if (opts.json) {
-    printf ("{\"devices\": [");
-    for (size_t i = 0; i < n; i++) {
-      if (rows[i].n < 3)
-        die ("ls: malformed response");
-      printf ("%s{\"name\": ", i ? ", " : "");
-      json_string (rows[i].f[0]);
-      printf (", \"size\": %s, \"state\": ", rows[i].f[1]);
-      json_string (rows[i].f[2]);
-      putchar ('}');
-    }
-    printf ("]}\n");
-  }
-  else if (n == 0)
-    printf ("No devices found\n");
-  else
-    for (size_t i = 0; i < n; i++)
-      printf ("%s\n", rows[i].f[0]);
-  free (rows);
-}
-
-static const char *
-tables_present (const char *live, const char *inactive)
-{
-  bool l = strcmp (live, "1") == 0, i = strcmp (inactive, "1") == 0;
-  return l && i ? "LIVE & INACTIVE" : l ? "LIVE" : i ? "INACTIVE" : "None";
-}
-
-static void
-print_info (char *p)
-{
-  struct row *rows;
-  size_t n = split_rows (p, &rows);
-
-  if (opts.json)
-    printf ("{\"devices\": [");
-  for (size_t i = 0; i < n; i++) {
-    char **f = rows[i].f;
-    if (rows[i].n < 9)
-      die ("info: malformed response");
-    if (opts.json) {
-      printf ("%s{\"name\": ", i ? ", " : "");
-      json_string (f[0]);
-      printf (", \"state\": \"%s\", \"live_table\": %s, "
-              "\"inactive_table\": %s, \"open_count\": %s, "
-              "\"event_nr\": %s, \"targets\": %s, \"uuid\": ",
-              strcmp (f[1], "SUSPENDED") == 0 ? "SUSPENDED" : "ACTIVE",
-              strcmp (f[2], "1") == 0 ? "true" : "false",
-              strcmp (f[3], "1") == 0 ? "true" : "false",
-              f[4], f[5], f[6]);
-      if (*f[7])
-        json_string (f[7]);
-      else
-        printf ("null");
-      printf (", \"size\": %s, \"holders\": [", f[8]);
-      for (int j = 9; j < rows[i].n; j++)
-        print_holders (f[j], j > 9, true);
-      printf ("]}");
-      continue;
-    }
-    if (i)
-      putchar ('\n');
-    printf ("Name:              %s\n", f[0]);
-    printf ("State:             %s\n", f[1]);
-    printf ("Tables present:    %s\n", tables_present (f[2], f[3]));
-    printf ("Open count:        %s\n", f[4]);
-    if (rows[i].n > 9 && *f[9]) {
-      printf ("Holders:           ");
-      for (int j = 9; j < rows[i].n; j++)
-        print_holders (f[j], j > 9, false);
-      putchar ('\n');
-    }
-    printf ("Event number:      %s\n", f[5]);
-    printf ("Number of targets: %s\n", f[6]);
-    if (*f[7])
-      printf ("UUID: %s\n", f[7]);
-  }
-  if (opts.json)
-    printf ("]}\n");
-  else if (n == 0)
-    printf ("No devices found\n");
-  free (rows);
-}
-
 /* Rows "NAME\tFIELD..." grouped by device: a device without anything to
  * show is one row "NAME\t".  Each row with content is printed by item
  * (JSON: one value of the device's KEY array), after "NAME: " when all
- * devices were asked for, as dmsetup does.
+ * devices were asked for, as dmsetup does.  --target keeps the lines of
+ * targets of that type (and the devices that have some).
  */
 static void
-print_grouped (char *p, bool one, const char *key, int nfields,
-               void (*item) (char **f))
+print_grouped (struct conn *c, char *p, bool one, const char *key,
+               int nfields, void (*item) (char **f))
 {
   struct row *rows;
   size_t n = split_rows (p, &rows);
@@ -704,6 +607,8 @@ print_grouped (char *p, bool one, const char *key, int nfields,
 
     if (some && rows[i].n < nfields + 1)
       die ("%s: malformed response", key);
+    if (opts.target && (!some || !line_has_target (f[1], opts.target)))
+      continue;
     if (opts.json) {
       if (first) {
         printf ("%s{\"name\": ", prev ? "]}, " : "");
@@ -717,11 +622,16 @@ print_grouped (char *p, bool one, const char *key, int nfields,
       }
     }
     else {
-      if (!one)
+      if (first && opts.verbose) {
+        if (prev)
+          putchar ('\n');
+        verbose_info (c, f[0]);
+      }
+      else if (!one)
         printf ("%s: ", f[0]);
       if (some)
         item (f + 1);
-      else if (!one)
+      else if (!one && !opts.verbose)
         putchar ('\n');
     }
     prev = f[0];
@@ -761,18 +671,23 @@ backend_item (char **f)
 }
 
 static void
-print_targets (char *p)
+print_targets (char *p, int argc, char **argv)
 {
   struct row *rows;
-  size_t n = split_rows (p, &rows);
+  size_t n = split_rows (p, &rows), shown = 0;
 
   if (opts.json)
     printf ("{\"targets\": [");
   for (size_t i = 0; i < n; i++) {
+    bool match = argc == 0;
     if (rows[i].n < 2)
       die ("targets: malformed response");
+    for (int j = 0; j < argc && !match; j++)
+      match = strcmp (argv[j], rows[i].f[0]) == 0;
+    if (!match)
+      continue;
     if (opts.json) {
-      printf ("%s{\"name\": ", i ? ", " : "");
+      printf ("%s{\"name\": ", shown ? ", " : "");
       json_string (rows[i].f[0]);
       printf (", \"version\": ");
       json_string (rows[i].f[1]);
@@ -780,17 +695,19 @@ print_targets (char *p)
     }
     else
       printf ("%-16s v%s\n", rows[i].f[0], rows[i].f[1]);
+    shown++;
   }
   if (opts.json)
     printf ("]}\n");
+  /* dmsetup target-version: an unknown target is an error. */
+  for (int j = 0; j < argc; j++) {
+    bool known = false;
+    for (size_t i = 0; i < n && !known; i++)
+      known = strcmp (argv[j], rows[i].f[0]) == 0;
+    if (!known)
+      die ("target-version: unknown target type '%s' (see targets)", argv[j]);
+  }
   free (rows);
-}
-
-static void
-need (int argc, int min, int max, const char *cmd)
-{
-  if (argc < min || argc > max)
-    die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
 }
 
 /* A number of seconds, 0 to a year. */
@@ -807,193 +724,492 @@ parse_seconds (const char *what, const char *s)
   return v;
 }
 
-/* Parse options (GNU getopt permutes: they may follow the command).
- * In a batch line only the per-command options are allowed.
+/* --- options --------------------------------------------------------------- */
+
+enum {
+  OPT_NOFLUSH = 256, OPT_INACTIVE, OPT_SHOWKEYS, OPT_TABLE, OPT_TIMEOUT,
+  OPT_BACKENDS, OPT_NOHEADINGS, OPT_SEPARATOR, OPT_TARGET, OPT_TREE,
+  OPT_NAMEPREFIXES, OPT_JSON,
+  OPT_IGNORED,                  /* dmsetup's, nothing to do here */
+  OPT_NOT_HERE,                 /* dmsetup's, cannot apply here */
+};
+
+/* dmsetup's options that nbdmsetup takes and ignores (nothing to do:
+ * no udev, no device nodes, no filesystem on the server to freeze) or
+ * refuses (they would do something nbdmapper cannot), saying why.
+ * Their long_opts entries carry OPT_IGNORED or OPT_NOT_HERE.
+ */
+static const struct { const char *name; int has_arg; const char *why; }
+dmsetup_opts[] = {
+  { "nolockfs", no_argument, NULL },
+  { "noopencount", no_argument, NULL },
+  { "noudevrules", no_argument, NULL },
+  { "noudevsync", no_argument, NULL },
+  { "verifyudev", no_argument, NULL },
+  { "addnodeoncreate", no_argument, NULL },
+  { "addnodeonresume", no_argument, NULL },
+  { "udevcookie", required_argument, NULL },
+  { "retry", no_argument, NULL },
+  { "checks", no_argument, NULL },
+  { "major", required_argument, "nbdmapper devices have no device numbers "
+    "(they are NBD exports): name the device, or -u UUID" },
+  { "minor", required_argument, "nbdmapper devices have no device numbers "
+    "(they are NBD exports): name the device, or -u UUID" },
+  { "uid", required_argument, "nbdmapper devices have no device node to "
+    "own: an NBD client (nbd-client, qemu-nbd -c) makes one" },
+  { "gid", required_argument, "nbdmapper devices have no device node to "
+    "own: an NBD client (nbd-client, qemu-nbd -c) makes one" },
+  { "mode", required_argument, "nbdmapper devices have no device node to "
+    "own: an NBD client (nbd-client, qemu-nbd -c) makes one" },
+  { "select", required_argument, "not supported: filter info -c "
+    "--noheadings --separator S output instead" },
+  { "readahead", required_argument, "read-ahead is the NBD client's (e.g. "
+    "blockdev --setra on /dev/nbdN)" },
+  { "deferred", no_argument, "not supported: remove --force swaps in an "
+    "error table at once instead" },
+  { "manglename", required_argument, "names are not mangled: any valid "
+    "name is served as it is" },
+  { "concise", no_argument, "not supported: use table and create --table" },
+  { "exec", required_argument, "not supported: use ls | xargs -n1 CMD" },
+  { "setuuid", no_argument, "a device's uuid is set by create -u" },
+  { "count", required_argument, "not supported: use watch(1)" },
+  { "interval", required_argument, "not supported: use watch(1)" },
+};
+/* Short options of dmsetup that cannot apply, by letter. */
+static const struct { char letter; const char *name; } dmsetup_short[] = {
+  { 'j', "major" }, { 'm', "minor" }, { 'U', "uid" }, { 'G', "gid" },
+  { 'M', "mode" }, { 'S', "select" },
+};
+
+#define SHORT_OPTS "a:cCfhk:no:O:ru:vyVj:m:U:G:M:S:"
+#define NR_DMSETUP_OPTS (sizeof dmsetup_opts / sizeof dmsetup_opts[0])
+static struct option long_opts[32 + NR_DMSETUP_OPTS] = {
+  { "connect", required_argument, NULL, 'a' },
+  { "key", required_argument, NULL, 'k' },
+  { "json", no_argument, NULL, OPT_JSON },
+  { "help", no_argument, NULL, 'h' },
+  { "version", no_argument, NULL, 'V' },
+  { "verbose", no_argument, NULL, 'v' },
+  { "yes", no_argument, NULL, 'y' },
+  { "columns", no_argument, NULL, 'c' },
+  { "options", required_argument, NULL, 'o' },
+  { "sort", required_argument, NULL, 'O' },
+  { "noheadings", no_argument, NULL, OPT_NOHEADINGS },
+  { "separator", required_argument, NULL, OPT_SEPARATOR },
+  { "nameprefixes", no_argument, NULL, OPT_NAMEPREFIXES },
+  { "target", required_argument, NULL, OPT_TARGET },
+  { "tree", no_argument, NULL, OPT_TREE },
+  { "noflush", no_argument, NULL, OPT_NOFLUSH },
+  { "force", no_argument, NULL, 'f' },
+  { "notable", no_argument, NULL, 'n' },
+  { "readonly", no_argument, NULL, 'r' },
+  { "inactive", no_argument, NULL, OPT_INACTIVE },
+  { "showkeys", no_argument, NULL, OPT_SHOWKEYS },
+  { "backends", no_argument, NULL, OPT_BACKENDS },
+  { "uuid", required_argument, NULL, 'u' },
+  { "table", required_argument, NULL, OPT_TABLE },
+  { "timeout", required_argument, NULL, OPT_TIMEOUT },
+  /* dmsetup_opts are added after these by init_long_opts. */
+};
+
+static size_t nr_own_opts;     /* long_opts before dmsetup_opts */
+
+static void
+init_long_opts (void)
+{
+  size_t n = 0;
+
+  while (long_opts[n].name)
+    n++;
+  nr_own_opts = n;
+  assert (n + NR_DMSETUP_OPTS < sizeof long_opts / sizeof long_opts[0]);
+  for (size_t i = 0; i < NR_DMSETUP_OPTS; i++)
+    long_opts[n + i] = (struct option) {
+      dmsetup_opts[i].name, dmsetup_opts[i].has_arg, NULL,
+      dmsetup_opts[i].why ? OPT_NOT_HERE : OPT_IGNORED };
+}
+
+/* The name of the option getopt_long just returned, for messages:
+ * "--force", or "-f" when it was given so.
+ */
+static const char *
+given_name (int opt, int longindex, char *buf, size_t len)
+{
+  if (longindex >= 0)
+    snprintf (buf, len, "--%s", long_opts[longindex].name);
+  else
+    snprintf (buf, len, "-%c", opt);
+  return buf;
+}
+
+/* Parse options (GNU getopt permutes: they may follow the command; --
+ * ends them).  In a batch line only the per-command options are
+ * allowed.  A bad option is one line and "see --help".
  */
 static void
 parse_options (int argc, char *argv[], bool batch_line)
 {
-  enum { OPT_NOFLUSH = 256, OPT_FORCE, OPT_INACTIVE, OPT_SHOWKEYS, OPT_UUID,
-         OPT_TABLE, OPT_TIMEOUT, OPT_BACKENDS };
-  static const struct option long_opts[] = {
-    { "connect", required_argument, NULL, 'c' },
-    { "key", required_argument, NULL, 'k' },
-    { "json", no_argument, NULL, 'j' },
-    { "help", no_argument, NULL, 'h' },
-    { "version", no_argument, NULL, 'V' },
-    { "noflush", no_argument, NULL, OPT_NOFLUSH },
-    { "force", no_argument, NULL, OPT_FORCE },
-    { "inactive", no_argument, NULL, OPT_INACTIVE },
-    { "showkeys", no_argument, NULL, OPT_SHOWKEYS },
-    { "backends", no_argument, NULL, OPT_BACKENDS },
-    { "uuid", required_argument, NULL, OPT_UUID },
-    { "table", required_argument, NULL, OPT_TABLE },
-    { "timeout", required_argument, NULL, OPT_TIMEOUT },
-    { NULL },
-  };
-  int opt;
+  int opt, longindex;
+  char name[64];
 
   optind = 0;                   /* GNU: start afresh (batch lines) */
-  opterr = !batch_line;
-  while ((opt = getopt_long (argc, argv, "c:k:jhV", long_opts,
-                             NULL)) != -1) {
-    if (batch_line && (opt == 'c' || opt == 'k' || opt == 'h' || opt == 'V'))
-      die ("-%c: give it on the command line, not in a batch", opt);
-    if (batch_line && opt == '?') {
-      /* A short option may sit in a cluster (-jx) that optind has not
-       * passed yet: name the letter.  optopt is 0 for an unknown long
-       * option and the option's value (> 255) for a missing argument.
+  opterr = 0;                   /* our message, one line */
+  for (;;) {
+    longindex = -1;
+    /* Options may follow the command, as in dmsetup. */
+    opt = getopt_long (argc, argv, SHORT_OPTS, long_opts, &longindex);
+    if (opt == -1)
+      break;
+    if (batch_line && (opt == 'a' || opt == 'k' || opt == 'h' || opt == 'V'))
+      die ("%s: give it on the command line, not in a batch",
+           given_name (opt, longindex, name, sizeof name));
+    if (opt == '?') {
+      /* optopt: 0 for an unknown long option, the option's value for
+       * a missing argument (> 255 for long-only ones) or the unknown
+       * letter; a letter may sit in a cluster (-fx).
        */
-      if (optopt > 0 && optopt < 256)
-        die ("'-%c': unknown option or missing value", optopt);
-      die ("'%s': unknown option or missing value", argv[optind - 1]);
+      if (optopt == 0)
+        die ("'%s': unknown option (see nbdmsetup --help)", argv[optind - 1]);
+      if (optopt < 256 && strchr (SHORT_OPTS, optopt) == NULL)
+        die ("-%c: unknown option (see nbdmsetup --help)", optopt);
+      if (strncmp (argv[optind - 1], "--", 2) == 0)
+        die ("'%s': missing value (see nbdmsetup --help)", argv[optind - 1]);
+      die ("-%c: missing value (see nbdmsetup --help)", optopt);
     }
+    for (size_t i = 0; i < sizeof dmsetup_short / sizeof dmsetup_short[0];
+         i++)
+      if (opt == dmsetup_short[i].letter)
+        for (size_t j = 0; j < NR_DMSETUP_OPTS; j++)
+          if (strcmp (dmsetup_opts[j].name, dmsetup_short[i].name) == 0)
+            die ("-%c: %s", opt, dmsetup_opts[j].why);
     switch (opt) {
-    case 'c': uri = optarg; break;
+    case 'a': uri = optarg; break;
     case 'k': key_file = optarg; break;
-    case 'j': opts.json = true; break;
+    case OPT_JSON: opts.json = true; break;
     case 'h': usage (stdout, EXIT_SUCCESS);
     case 'V': printf ("nbdmsetup %s\n", PACKAGE_VERSION); exit (EXIT_SUCCESS);
-    case OPT_NOFLUSH: opts.flags |= PROTO_F_NOFLUSH; break;
-    case OPT_FORCE: opts.flags |= PROTO_F_FORCE; break;
-    case OPT_INACTIVE: opts.flags |= PROTO_F_INACTIVE; break;
-    case OPT_SHOWKEYS: opts.flags |= PROTO_F_SHOWKEYS; break;
-    case OPT_BACKENDS: opts.flags |= PROTO_F_BACKENDS; break;
-    case OPT_UUID: opts.uuid = optarg; break;
-    case OPT_TABLE: opts.table_text = optarg; break;
+    case 'v': opts.verbose++; break;
+    case 'y': break;            /* nbdmsetup never asks */
+    case 'c': case 'C': opts.given |= O_COLUMNS; break;
+    case 'o': opts.given |= O_OPTIONS; opts.fields = optarg; break;
+    case 'O': opts.given |= O_SORT; opts.sort = optarg; break;
+    case OPT_NOHEADINGS: opts.given |= O_NOHEADINGS; break;
+    case OPT_SEPARATOR:
+      opts.given |= O_SEPARATOR;
+      opts.separator = optarg;
+      break;
+    case OPT_NAMEPREFIXES: opts.given |= O_NAMEPREFIXES; break;
+    case OPT_TARGET: opts.given |= O_TARGET; opts.target = optarg; break;
+    case OPT_TREE: opts.given |= O_TREE; break;
+    case OPT_NOFLUSH:
+      opts.given |= O_NOFLUSH;
+      opts.flags |= PROTO_F_NOFLUSH;
+      break;
+    case 'f': opts.given |= O_FORCE; opts.flags |= PROTO_F_FORCE; break;
+    case 'n': opts.given |= O_NOTABLE; break;
+    case 'r':
+      opts.given |= O_READONLY;
+      opts.flags |= PROTO_F_READONLY;
+      break;
+    case OPT_INACTIVE:
+      opts.given |= O_INACTIVE;
+      opts.flags |= PROTO_F_INACTIVE;
+      break;
+    case OPT_SHOWKEYS:
+      opts.given |= O_SHOWKEYS;
+      opts.flags |= PROTO_F_SHOWKEYS;
+      break;
+    case OPT_BACKENDS:
+      opts.given |= O_BACKENDS;
+      opts.flags |= PROTO_F_BACKENDS;
+      break;
+    case 'u': opts.given |= O_UUID; opts.uuid = optarg; break;
+    case OPT_TABLE: opts.given |= O_TABLE; opts.table_text = optarg; break;
     case OPT_TIMEOUT: opts.timeout = parse_seconds ("--timeout", optarg); break;
-    default: usage (stderr, EXIT_FAILURE);
+    case OPT_IGNORED: break;
+    case OPT_NOT_HERE:
+      die ("--%s: %s", long_opts[longindex].name,
+           dmsetup_opts[longindex - nr_own_opts].why);
+    default:
+      abort ();
     }
   }
 }
 
-static const struct { const char *name; unsigned code; int min, max; }
-commands[] = {
-  { "version", PROTO_CMD_VERSION, 0, 0 }, { "ls", PROTO_CMD_LIST, 0, 0 },
-  { "create", PROTO_CMD_CREATE, 1, 2 }, { "load", PROTO_CMD_LOAD, 1, 2 },
-  { "reload", PROTO_CMD_LOAD, 1, 2 }, { "clear", PROTO_CMD_CLEAR, 1, 1 },
-  { "suspend", PROTO_CMD_SUSPEND, 1, 1 },
-  { "resume", PROTO_CMD_RESUME, 1, 1 },
-  { "replace", PROTO_CMD_REPLACE, 1, 2 },
-  { "remove", PROTO_CMD_REMOVE, 1, 1 },
-  { "rename", PROTO_CMD_RENAME, 2, 2 }, { "info", PROTO_CMD_INFO, 0, 1 },
-  { "table", PROTO_CMD_TABLE, 0, 1 }, { "status", PROTO_CMD_STATUS, 0, 1 },
-  { "message", PROTO_CMD_MESSAGE, 3, PROTO_MAX_ARGS - 2 },
-  { "targets", PROTO_CMD_TARGETS, 0, 0 }, { "wait", PROTO_CMD_WAIT, 1, 2 },
+/* --- verbs ---------------------------------------------------------------- */
+
+static void
+run_version (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  print_version (c);
+}
+
+static void
+run_create (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char *t = NULL;
+  const char *args[3] = { argv[0], opts.uuid ? opts.uuid : "", NULL };
+
+  /* As dmsetup: the table is the file, --table, or standard input,
+   * unless -n (--notable).
+   */
+  if (opts.given & O_NOTABLE) {
+    if (argc == 2 || opts.table_text)
+      die ("create: -n (--notable) and a table: give one of them");
+  }
+  else
+    t = read_table (v->name, argc == 2 ? argv[1] : NULL);
+  args[2] = t;
+  free (call (c, v->code, t ? 3 : 2, args));
+  free (t);
+}
+
+/* load, reload, replace: NAME [TABLE]. */
+static void
+run_load (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char *t = read_table (v->name, argc == 2 ? argv[1] : NULL);
+  const char *args[2] = { argv[0], t };
+
+  free (call (c, v->code, 2, args));
+  free (t);
+}
+
+/* The verbs that send their arguments as they are and print nothing. */
+static void
+run_plain (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  free (call (c, v->code, argc, (const char *const *) argv));
+}
+
+static void
+run_table_status (struct conn *c, const struct verb *v, int argc,
+                  char **argv)
+{
+  char *p;
+
+  if ((opts.given & O_TARGET) && (opts.given & O_BACKENDS))
+    die ("status: --target and --backends: give one of them");
+  p = call (c, v->code, argc, (const char *const *) argv);
+  if (opts.flags & PROTO_F_BACKENDS)
+    print_grouped (c, p, argc == 1, "backends", 3, backend_item);
+  else
+    print_grouped (c, p, argc == 1, v->name, 1, line_item);
+  free (p);
+}
+
+static void
+run_message (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char *p = call (c, v->code, argc, (const char *const *) argv);
+
+  if (*p)
+    printf ("%s%s", p, p[strlen (p) - 1] == '\n' ? "" : "\n");
+  free (p);
+}
+
+static void
+run_targets (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char *p = call (c, v->code, 0, NULL);
+
+  print_targets (p, argc, argv);
+  free (p);
+}
+
+static void
+run_wait (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  char ms[32] = "";
+  const char *args[3] = { argv[0], argc == 2 ? argv[1] : "", ms };
+  char *p;
+
+  if (opts.timeout >= 0)
+    snprintf (ms, sizeof ms, "%lld", (long long) (opts.timeout * 1000));
+  p = call (c, v->code, opts.timeout >= 0 ? 3 : 2, args);
+  if (opts.json)
+    printf ("{\"event_nr\": %s}\n", strtok (p, "\n") ? p : "0");
+  else
+    verbose_info (c, argv[0]);
+  free (p);
+}
+
+static void
+run_help (struct conn *c, const struct verb *v, int argc, char **argv)
+{
+  if (opts.given & O_COLUMNS)
+    print_field_help ();
+  else
+    usage (stdout, EXIT_SUCCESS);
+}
+
+static const struct verb verbs[] = {
+#define VERB(name, code, min, max, opts, named, run) \
+  { name, code, min, max, opts, named, run, NULL, false }
+#define LOCAL_VERB(name, min, max, opts, run) \
+  { name, 0, min, max, opts, false, run, NULL, true }
+#define NOT_HERE(name, why) { name, 0, 0, 0, 0, false, NULL, why, false }
+#define NO_UDEV "there is no udev here: devices are NBD exports, made " \
+  "without uevents or cookies"
+  VERB ("version", PROTO_CMD_VERSION, 0, 0, 0, false, run_version),
+  VERB ("ls", PROTO_CMD_LIST, 0, 0, O_TARGET | O_TREE | O_OPTIONS, false,
+        run_ls),
+  VERB ("create", PROTO_CMD_CREATE, 1, 2,
+        O_UUID | O_TABLE | O_NOTABLE | O_READONLY, false, run_create),
+  VERB ("load", PROTO_CMD_LOAD, 1, 2, O_TABLE | O_READONLY, true, run_load),
+  VERB ("reload", PROTO_CMD_LOAD, 1, 2, O_TABLE | O_READONLY, true, run_load),
+  VERB ("clear", PROTO_CMD_CLEAR, 1, 1, 0, true, run_plain),
+  VERB ("suspend", PROTO_CMD_SUSPEND, 1, 1, O_NOFLUSH, true, run_plain),
+  VERB ("resume", PROTO_CMD_RESUME, 1, 1, 0, true, run_plain),
+  VERB ("replace", PROTO_CMD_REPLACE, 1, 2, O_TABLE | O_READONLY, true,
+        run_load),
+  VERB ("remove", PROTO_CMD_REMOVE, 1, 1, O_FORCE, true, run_plain),
+  VERB ("remove_all", PROTO_CMD_REMOVE, 0, 0, O_FORCE, false,
+        run_remove_all),
+  VERB ("wipe_table", PROTO_CMD_REPLACE, 1, 1, 0, true, run_wipe_table),
+  VERB ("rename", PROTO_CMD_RENAME, 2, 2, 0, true, run_plain),
+  VERB ("info", PROTO_CMD_INFO, 0, 1, O_COLUMNS | O_OPTIONS | O_SORT |
+        O_NOHEADINGS | O_SEPARATOR | O_NAMEPREFIXES, true, run_info),
+  VERB ("deps", PROTO_CMD_STATUS, 0, 1, O_OPTIONS, true, run_deps),
+  VERB ("table", PROTO_CMD_TABLE, 0, 1, O_INACTIVE | O_SHOWKEYS | O_TARGET,
+        true, run_table_status),
+  VERB ("status", PROTO_CMD_STATUS, 0, 1, O_BACKENDS | O_TARGET | O_NOFLUSH,
+        true, run_table_status),
+  VERB ("message", PROTO_CMD_MESSAGE, 3, PROTO_MAX_ARGS - 2, 0, true,
+        run_message),
+  VERB ("targets", PROTO_CMD_TARGETS, 0, 0, 0, false, run_targets),
+  VERB ("target-version", PROTO_CMD_TARGETS, 1, PROTO_MAX_ARGS, 0, false,
+        run_targets),
+  VERB ("wait", PROTO_CMD_WAIT, 1, 2, O_NOFLUSH, true, run_wait),
+  LOCAL_VERB ("help", 0, 0, O_COLUMNS, run_help),
+  NOT_HERE ("mknodes", "nbdmapper devices are NBD exports, not /dev/mapper "
+            "nodes: an NBD client (nbd-client, qemu-nbd -c) makes a node"),
+  NOT_HERE ("mangle", "names are not mangled: any valid name is served as "
+            "it is"),
+  NOT_HERE ("measure", "IMA measurement is the kernel's: the server has "
+            "none"),
+  NOT_HERE ("splitname", "nbdmapper names are not LVM's VG-LV names: there "
+            "is nothing to split"),
+  NOT_HERE ("setgeometry", "NBD exports have no C/H/S geometry"),
+  NOT_HERE ("udevcomplete", NO_UDEV),
+  NOT_HERE ("udevcomplete_all", NO_UDEV),
+  NOT_HERE ("udevcookies", NO_UDEV),
+  NOT_HERE ("udevcreatecookie", NO_UDEV),
+  NOT_HERE ("udevreleasecookie", NO_UDEV),
+  NOT_HERE ("udevflags", NO_UDEV),
+#undef VERB
+#undef LOCAL_VERB
+#undef NOT_HERE
+#undef NO_UDEV
 };
 
-/* The options that belong to one command: given to another, they would
- * be ignored without a word.
- */
-static void
-check_options (const char *cmd, unsigned code, int argc, char *argv[])
-{
-  static const struct { uint32_t flag; const char *name; unsigned code; }
-  flag_opts[] = {
-    { PROTO_F_NOFLUSH, "--noflush", PROTO_CMD_SUSPEND },
-    { PROTO_F_FORCE, "--force", PROTO_CMD_REMOVE },
-    { PROTO_F_INACTIVE, "--inactive", PROTO_CMD_TABLE },
-    { PROTO_F_SHOWKEYS, "--showkeys", PROTO_CMD_TABLE },
-    { PROTO_F_BACKENDS, "--backends", PROTO_CMD_STATUS },
-  };
-  bool takes_table = code == PROTO_CMD_CREATE || code == PROTO_CMD_LOAD ||
-    code == PROTO_CMD_REPLACE;
+/* The names of the O_* options, for messages. */
+static const struct { unsigned bit; const char *name; } opt_names[] = {
+  { O_NOFLUSH, "--noflush" }, { O_FORCE, "--force" },
+  { O_INACTIVE, "--inactive" }, { O_SHOWKEYS, "--showkeys" },
+  { O_BACKENDS, "--backends" }, { O_UUID, "--uuid" },
+  { O_TABLE, "--table" }, { O_NOTABLE, "--notable" },
+  { O_READONLY, "--readonly" }, { O_COLUMNS, "--columns" },
+  { O_OPTIONS, "--options" }, { O_NOHEADINGS, "--noheadings" },
+  { O_SEPARATOR, "--separator" }, { O_TARGET, "--target" },
+  { O_TREE, "--tree" }, { O_SORT, "--sort" },
+  { O_NAMEPREFIXES, "--nameprefixes" },
+};
 
-  for (size_t i = 0; i < sizeof flag_opts / sizeof flag_opts[0]; i++)
-    if ((opts.flags & flag_opts[i].flag) && code != flag_opts[i].code)
-      die ("%s is an option of %s", flag_opts[i].name,
-           proto_cmd_name (flag_opts[i].code));
-  if (opts.uuid && code != PROTO_CMD_CREATE)
-    die ("--uuid is an option of create");
-  if (opts.table_text && !takes_table)
-    die ("--table is an option of create, load, reload and replace");
-  /* The table is the argument after NAME or --table, not both. */
-  if (opts.table_text && argc == 2)
-    die ("%s: a table file ('%s') and --table: give one of them", cmd,
-         argv[1]);
+/* The options that belong to other verbs: given to this one, they
+ * would be ignored without a word.  -u stands for NAME where the verb
+ * takes one.
+ */
+/* Options dmsetup takes on a verb where nbdmsetup cannot, and why. */
+static const struct { const char *verb; unsigned bit; const char *why; }
+not_here_opts[] = {
+  { "resume", O_NOFLUSH, "not supported: resume flushes what the live "
+    "table wrote before the swap, so that no acknowledged write is lost "
+    "(suspend --noflush skips the suspend's flush)" },
+  { "wipe_table", O_NOFLUSH, "not supported: the swap flushes what the "
+    "live table wrote, so that no acknowledged write is lost" },
+};
+
+static void
+check_options (const struct verb *v)
+{
+  unsigned bad = opts.given & ~(v->opts | (v->named ? O_UUID : 0));
+
+  for (size_t i = 0; i < sizeof not_here_opts / sizeof not_here_opts[0]; i++)
+    if ((bad & not_here_opts[i].bit) && strcmp (v->name,
+                                                 not_here_opts[i].verb) == 0)
+      for (size_t j = 0; j < sizeof opt_names / sizeof opt_names[0]; j++)
+        if (opt_names[j].bit == not_here_opts[i].bit)
+          die ("%s %s: %s", v->name, opt_names[j].name, not_here_opts[i].why);
+  for (size_t i = 0; i < sizeof opt_names / sizeof opt_names[0]; i++)
+    if (bad & opt_names[i].bit) {
+      char takers[256] = "";
+      size_t at = 0;
+      for (size_t j = 0; j < sizeof verbs / sizeof verbs[0]; j++)
+        if ((verbs[j].opts & opt_names[i].bit) && at < sizeof takers)
+          at += snprintf (takers + at, sizeof takers - at, "%s%s",
+                          at ? ", " : "", verbs[j].name);
+      die ("%s is an option of %s%s", opt_names[i].name, takers, opt_names[i].bit == O_UUID
+           ? " and of the commands that take a NAME" : "");
+    }
 }
 
 /* Check a command's name, arguments and options (before connecting). */
-static unsigned
-command_code (const char *cmd, int argc, char *argv[])
+static const struct verb *
+find_verb (const char *cmd, int argc, char *argv[])
 {
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (strcmp (cmd, commands[i].name) == 0) {
-      need (argc, commands[i].min, commands[i].max, cmd);
-      check_options (cmd, commands[i].code, argc, argv);
-      return commands[i].code;
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
+    const struct verb *v = &verbs[i];
+    int min = v->min, max = v->max;
+    if (strcmp (cmd, v->name) != 0)
+      continue;
+    if (v->run == NULL)
+      die ("%s: not for nbdmapper: %s", cmd, v->why_not);
+    check_options (v);
+    /* -u UUID stands for NAME. */
+    if (v->named && opts.uuid) {
+      if (max == 1 && argc == 1)
+        die ("%s: -u %s and NAME '%s': give one of them", cmd, opts.uuid,
+             argv[0]);
+      min = min ? min - 1 : 0;
+      max = max - 1;
     }
+    if (argc < min || argc > max)
+      die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
+    /* The table is the argument after NAME or --table, not both. */
+    if (opts.table_text && argc == max && argc > min)
+      die ("%s: a table file ('%s') and --table: give one of them", cmd,
+           argv[argc - 1]);
+    return v;
+  }
+  /* nbdmsetup -c URI ls, from before -c was dmsetup's --columns. */
+  if (strstr (cmd, "://"))
+    die ("unknown command '%s': the control export is -a URI (--connect); "
+         "-c is --columns, as in dmsetup", cmd);
   die ("unknown command '%s' (see nbdmsetup --help)", cmd);
 }
 
 /* Run one checked command: argv holds its arguments after the name. */
 static void
-run_command (struct conn *c, const char *cmd, unsigned code, int argc,
-             char *argv[])
+run_command (struct conn *c, const struct verb *v, int argc, char *argv[])
 {
-  char *p = NULL;
+  char *name = NULL;
+  char **args = argv;
 
-  switch (code) {
-  case PROTO_CMD_VERSION:
-    print_version (c);
-    break;
-  case PROTO_CMD_LIST:
-    p = call (c, code, 0, NULL);
-    print_ls (p);
-    break;
-  case PROTO_CMD_INFO:
-    p = call (c, code, argc, (const char *const *) argv);
-    print_info (p);
-    break;
-  case PROTO_CMD_TABLE: case PROTO_CMD_STATUS:
-    p = call (c, code, argc, (const char *const *) argv);
-    if (opts.flags & PROTO_F_BACKENDS)
-      print_grouped (p, argc == 1, "backends", 3, backend_item);
-    else
-      print_grouped (p, argc == 1, code == PROTO_CMD_TABLE ? "table" : "status",
-                     1, line_item);
-    break;
-  case PROTO_CMD_TARGETS:
-    p = call (c, code, 0, NULL);
-    print_targets (p);
-    break;
-  case PROTO_CMD_CREATE: {
-    char *t = NULL;
-    const char *args[3] = { argv[0], opts.uuid ? opts.uuid : "", NULL };
-    if (argc == 2 || opts.table_text)
-      t = read_table (cmd, argc == 2 ? argv[1] : NULL);
-    args[2] = t;
-    p = call (c, code, t ? 3 : 2, args);
-    free (t);
-    break;
+  if (v->named && opts.uuid) {
+    /* NAME := the device with that uuid, before the other arguments. */
+    name = name_of_uuid (c, opts.uuid);
+    args = malloc ((argc + 2) * sizeof *args);
+    if (args == NULL)
+      die ("out of memory");
+    args[0] = name;
+    memcpy (args + 1, argv, (argc + 1) * sizeof *args);
+    argc++;
   }
-  case PROTO_CMD_LOAD: case PROTO_CMD_REPLACE: {
-    char *t = read_table (cmd, argc == 2 ? argv[1] : NULL);
-    const char *args[2] = { argv[0], t };
-    p = call (c, code, 2, args);
-    free (t);
-    break;
-  }
-  case PROTO_CMD_WAIT: {
-    char ms[32] = "";
-    const char *args[3] = { argv[0], argc == 2 ? argv[1] : "", ms };
-    if (opts.timeout >= 0)
-      snprintf (ms, sizeof ms, "%lld", (long long) (opts.timeout * 1000));
-    p = call (c, code, opts.timeout >= 0 ? 3 : 2, args);
-    if (opts.json)
-      printf ("{\"event_nr\": %s}\n", strtok (p, "\n") ? p : "0");
-    break;
-  }
-  case PROTO_CMD_MESSAGE:
-    p = call (c, code, argc, (const char *const *) argv);
-    if (*p)
-      printf ("%s%s", p, p[strlen (p) - 1] == '\n' ? "" : "\n");
-    break;
-  default:
-    p = call (c, code, argc, (const char *const *) argv);
-    break;
-  }
-  free (p);
+  v->run (c, v, argc, args);
+  if (args != argv)
+    free (args);
+  free (name);
   if (fflush (stdout) == EOF)
     die ("standard output: %s", strerror (errno));
 }
@@ -1082,8 +1298,8 @@ run_batch (struct conn *c, const char *file)
     if (strcmp (cmd, "batch") == 0)
       die ("batch: not a command of a batch");
     int argc = n + 1 - optind - 1;
-    unsigned code = command_code (cmd, argc, words + optind + 1);
-    run_command (c, cmd, code, argc, words + optind + 1);
+    const struct verb *v = find_verb (cmd, argc, words + optind + 1);
+    run_command (c, v, argc, words + optind + 1);
   }
   batch_file = NULL;
   if (ferror (fp))
@@ -1097,8 +1313,8 @@ int
 main (int argc, char *argv[])
 {
   struct conn c = { NULL };
+  const struct verb *v = NULL;
   const char *cmd, *env;
-  unsigned code = 0;
 
   uri = getenv ("NBDMSETUP_URI");
   key_file = getenv ("NBDMSETUP_KEY");
@@ -1108,6 +1324,7 @@ main (int argc, char *argv[])
     default_timeout = parse_seconds ("$NBDMSETUP_TIMEOUT", env);
     default_from_env = true;
   }
+  init_long_opts ();
   parse_options (argc, argv, false);
   argv += optind;
   argc -= optind;
@@ -1115,20 +1332,26 @@ main (int argc, char *argv[])
     die ("no command (see nbdmsetup --help)");
   cmd = *argv++;
   argc--;
-  if (uri == NULL)
-    die ("no control export: use --connect URI or $NBDMSETUP_URI");
 
   /* Check the arguments before connecting. */
-  if (strcmp (cmd, "batch") == 0)
-    need (argc, 0, 1, cmd);
+  if (strcmp (cmd, "batch") == 0) {
+    if (argc > 1)
+      die ("batch: wrong number of arguments (see nbdmsetup --help)");
+  }
   else
-    code = command_code (cmd, argc, argv);
+    v = find_verb (cmd, argc, argv);
+  if (v && v->local) {
+    v->run (NULL, v, argc, argv);
+    return EXIT_SUCCESS;
+  }
+  if (uri == NULL)
+    die ("no control export: use --connect URI (-a URI) or $NBDMSETUP_URI");
 
-  connect_control (&c, code);
-  if (code == 0)
+  connect_control (&c, v ? v->code : 0);
+  if (v == NULL)
     run_batch (&c, argc ? argv[0] : NULL);
   else
-    run_command (&c, cmd, code, argc, argv);
+    run_command (&c, v, argc, argv);
   disconnect (&c);
   return EXIT_SUCCESS;
 }

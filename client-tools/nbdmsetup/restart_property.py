@@ -82,6 +82,8 @@ def random_command(rng, files):
             args += ["--uuid", "U-" + name + "-%d" % rng.randrange(3)]
         if rng.random() < 0.85:
             args += ["--table", random_table(rng, files)]
+        else:
+            args += ["--notable"]
         return args
     if c < 0.37:
         return ["load", name, "--table", random_table(rng, files)]

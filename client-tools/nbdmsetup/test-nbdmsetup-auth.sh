@@ -24,7 +24,7 @@ ms -k "$tmpdir/key" create k1 --table "0 8 zero"
 NBDMSETUP_KEY="$tmpdir/key" ms table k1 | grep -qx '0 8 zero' || die "key env"
 fails 'requires a key' ms ls
 fails 'bad HMAC tag' ms -k "$tmpdir/wrong" remove k1
-fails 'bad HMAC tag' ms -k "$tmpdir/wrong" create k2
+fails 'bad HMAC tag' ms -k "$tmpdir/wrong" create -n k2
 fails 'group or others' ms -k "$tmpdir/key644" ls
 [ "$(ms -k "$tmpdir/key" ls)" = "d1
 k1" ] || die "state changed by refused requests"
@@ -73,11 +73,11 @@ fi
 stop_server ctl
 port=$(free_port)
 start_server ctl -i 127.0.0.1 -p "$port" mapper "$tmpdir/d1.table"
-fails 'over TCP needs a key.*control-key' ms -c "nbd://127.0.0.1:$port/control" ls
+fails 'over TCP needs a key.*control-key' ms -a "nbd://127.0.0.1:$port/control" ls
 stop_server ctl
 start_server ctl -i 127.0.0.1 -p "$port" mapper "$tmpdir/d1.table" \
     control-key="$tmpdir/key"
-ms -c "nbd://127.0.0.1:$port/control" -k "$tmpdir/key" ls | grep -qx d1 ||
+ms -a "nbd://127.0.0.1:$port/control" -k "$tmpdir/key" ls | grep -qx d1 ||
     die "TCP with a key"
 stop_server ctl
 
@@ -87,13 +87,13 @@ echo "alice:$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" > "$tmpdir/p
 chmod 600 "$tmpdir/psk"
 start_server ctl --tls=require --tls-psk="$tmpdir/psk" -i 127.0.0.1 \
     -p "$port" mapper "$tmpdir/d1.table" control-key="$tmpdir/key"
-ms -k "$tmpdir/key" -c "nbds://alice@127.0.0.1:$port/control?tls-psk-file=$tmpdir/psk" \
+ms -k "$tmpdir/key" -a "nbds://alice@127.0.0.1:$port/control?tls-psk-file=$tmpdir/psk" \
    create t1 --table "0 16 zero"
-[ "$(ms -k "$tmpdir/key" -c "nbds://alice@127.0.0.1:$port/control?tls-psk-file=$tmpdir/psk" table t1)" = "0 16 zero" ] ||
+[ "$(ms -k "$tmpdir/key" -a "nbds://alice@127.0.0.1:$port/control?tls-psk-file=$tmpdir/psk" table t1)" = "0 16 zero" ] ||
     die "TLS table"
-fails 'nbd_connect_uri|TLS|tls|handshake' ms -k "$tmpdir/key" -c "nbd://127.0.0.1:$port/control" ls
+fails 'nbd_connect_uri|TLS|tls|handshake' ms -k "$tmpdir/key" -a "nbd://127.0.0.1:$port/control" ls
 stop_server ctl
 start_server ctl --tls=require --tls-psk="$tmpdir/psk" mapper "$tmpdir/d1.table"
-ms -c "nbds+unix://alice@/control?socket=$sock&tls-psk-file=$tmpdir/psk" ls |
+ms -a "nbds+unix://alice@/control?socket=$sock&tls-psk-file=$tmpdir/psk" ls |
     grep -qx d1 || die "TLS over Unix without key"
 echo "$0: ok"

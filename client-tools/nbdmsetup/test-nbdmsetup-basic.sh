@@ -32,7 +32,7 @@ grep -q '^Number of targets: 1$' "$tmpdir/info" || die "info targets"
 [ "$(ms status d1)" = "0 2048 linear" ] || die "status d1: $(ms status d1)"
 
 # create without a table: suspended and empty; NBD sees size 0.
-ms create e1 --uuid UUID-E1
+ms create -n e1 --uuid UUID-E1
 ms info e1 | grep -q '^State:             SUSPENDED$' || die "e1 not suspended"
 ms info e1 | grep -q '^Tables present:    None$' || die "e1 has a table"
 ms info e1 | grep -q '^UUID: UUID-E1$' || die "e1 uuid"
@@ -124,7 +124,7 @@ e1" ] || die "ls after remove: $(ms ls)"
 
 # A client of a device without a table sees size 0 and no flush (so no
 # request can wait forever); remove needs --force while it is connected.
-ms create hold
+ms create -n hold
 nbdsh -u "nbd+unix:///hold?socket=$sock" -c '
 import subprocess, os
 assert h.get_size() == 0
@@ -144,8 +144,8 @@ ms create bk --table "0 1024 linear $b 0
 2048 8 zero"
 [ "$(ms status --backends bk)" = "file $(realpath "$b"): open" ] ||
     die "status --backends: $(ms status --backends bk)"
-ms create bk0
-ms -j status --backends | /usr/bin/python3 -c '
+ms create -n bk0
+ms --json status --backends | /usr/bin/python3 -c '
 import json, sys
 d = {x["name"]: x["backends"] for x in json.load(sys.stdin)["devices"]}
 assert d["bk0"] == [], d
@@ -156,7 +156,7 @@ ms status --backends | grep -qx "bk: file $(realpath "$b"): open" ||
 fails 'backends is an option of status' ms table --backends bk
 # Checked before connecting, like the arguments.
 fails 'backends is an option of status' \
-    ms -c "nbd+unix:///control?socket=$tmpdir/nosock" table --backends bk
+    ms -a "nbd+unix:///control?socket=$tmpdir/nosock" table --backends bk
 # A stacked device is a backend of kind device, named as in the table.
 ms create st --table "0 8 linear mapper:bk 0
 8 8 linear $b 0"

@@ -38,11 +38,11 @@ $expect"
 [ "$(ms ls | sort)" = "d 2
 d1" ] || die "ls after batch: $(ms ls)"
 
-# A line's options end with the line: neither --inactive nor -j leaks
+# A line's options end with the line: neither --inactive nor --json leaks
 # into the next line.
 ms load d1 --table "0 8 zero"
 out=$(ms batch <<EOF2
-table --inactive -j d1
+table --inactive --json d1
 table d1
 EOF2
 ) || die "batch with per-line options failed"
@@ -55,17 +55,17 @@ expected:
 $expect"
 ms clear d1
 
-# The same batch from a file; -j given once applies to every line.
+# The same batch from a file; --json given once applies to every line.
 echo "info d1" > "$tmpdir/b1"
 echo "table d1" >> "$tmpdir/b1"
-ms -j batch "$tmpdir/b1" > "$tmpdir/out.json" || die "batch FILE"
+ms --json batch "$tmpdir/b1" > "$tmpdir/out.json" || die "batch FILE"
 /usr/bin/python3 -c '
 import json, sys
 lines = open(sys.argv[1]).read().splitlines()
 assert len(lines) == 2, lines
 assert json.loads(lines[0])["devices"][0]["name"] == "d1", lines[0]
 assert json.loads(lines[1])["devices"][0]["table"][1].startswith("1024 1024"), lines[1]
-' "$tmpdir/out.json" || die "batch -j output: $(cat "$tmpdir/out.json")"
+' "$tmpdir/out.json" || die "batch --json output: $(cat "$tmpdir/out.json")"
 
 # A batch from a file may take a table from standard input.
 echo "load d1 -" > "$tmpdir/b2"
@@ -92,12 +92,15 @@ replace d1 --table "0 999999 linear $a 0"
 remove --force d1
 EOF2
 [ "$(snapshot)" = "$before" ] || die "a bad table in a batch changed state"
-fails 'stdin:1: -c: give it on the command line' ms batch <<< "ls -c x"
+fails 'stdin:1: -a: give it on the command line' ms batch <<< "ls -a x"
+fails 'stdin:1: --connect: give it on the command line' \
+    ms batch <<< "ls --connect x"
 fails "stdin:1: '--bogus': unknown option" ms batch <<< "ls --bogus"
-fails "stdin:1: '--uuid': unknown option or missing value" \
+fails "stdin:1: '--uuid': missing value \\(see nbdmsetup --help\\)$" \
     ms batch <<< "create x --uuid"
-fails "stdin:1: '-x': unknown option" ms batch <<< "ls -xj"
-fails "stdin:1: '-x': unknown option" ms batch <<< "ls -jx"
+fails "stdin:1: -x: unknown option \\(see nbdmsetup --help\\)$" \
+    ms batch <<< "ls -xf"
+fails "stdin:1: -x: unknown option" ms batch <<< "ls -fx"
 fails 'stdin:1: unterminated " quote' ms batch <<< 'create "x'
 fails 'stdin:1: table: wrong number of arguments' ms batch <<< "table a b"
 fails 'stdin:1: batch: not a command of a batch' ms batch <<< "batch"

@@ -48,16 +48,16 @@ unchanged unknown
 # Existing names, invalid names.
 fails "device 'd1' already exists" ms create d1 --table "0 8 zero"
 fails "device 'e1' already exists" ms rename d1 e1
-fails "reserved for the control export" ms create control
-fails "contains '/'" ms create a/b
-fails "empty" ms create ""
-fails "longer than 127" ms create "$(printf 'x%.0s' $(seq 200))"
-fails "control character" ms create "$(printf 'a\tb')"
-fails "uuid" ms create u1 --uuid "has space"
+fails "reserved for the control export" ms create -n control
+fails "contains '/'" ms create -n a/b
+fails "empty" ms create -n ""
+fails "longer than 127" ms create -n "$(printf 'x%.0s' $(seq 200))"
+fails "control character" ms create -n "$(printf 'a\tb')"
+fails "uuid" ms create -n u1 --uuid "has space"
 unchanged names
 
 # Resume of an empty device, message beyond the end, bad numbers.
-ms create empty1
+ms create -n empty1
 before=$(snapshot)
 fails 'no table to resume' ms resume empty1
 fails 'beyond the end' ms message d1 999999 x
@@ -73,7 +73,7 @@ fails "unknown command 'frob'" ms frob
 fails 'wrong number of arguments' ms rename d1
 fails 'no control export' env -u NBDMSETUP_URI "$NBDMSETUP" ls
 fails "$tmpdir/missing.table" ms load d1 "$tmpdir/missing.table"
-fails 'nbd\+unix' ms -c "nbd+unix:///control?socket=$tmpdir/nosock" ls
+fails 'nbd\+unix' ms -a "nbd+unix:///control?socket=$tmpdir/nosock" ls
 
 # A request over 16 MiB is refused before it is sent.
 head -c $((17 << 20)) /dev/zero | tr '\0' '#' > "$tmpdir/huge.table"
@@ -85,7 +85,7 @@ mapper --help 2>&1 | grep -q 'control-key=FILE' || die "--help: no control-key"
 
 # The wrong export: a device.  nbdmsetup reads first and never writes it.
 fails 'not an nbdmapper control export' \
-    ms -c "nbd+unix:///d1?socket=$sock" ls
+    ms -a "nbd+unix:///d1?socket=$sock" ls
 cmp "$a" "$tmpdir/a.orig" || die "device written by a misdirected nbdmsetup"
 unchanged wrong-export
 

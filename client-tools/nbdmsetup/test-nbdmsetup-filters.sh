@@ -63,7 +63,7 @@ fi
 # A device export is still told from the control export, and not written.
 if have_filter cow; then
     served --filter=cow
-    fails "not an nbdmapper control export" ms -c "nbd+unix:///d1?socket=$sock" ls
+    fails "not an nbdmapper control export" ms -a "nbd+unix:///d1?socket=$sock" ls
     stop_server ctl
 fi
 

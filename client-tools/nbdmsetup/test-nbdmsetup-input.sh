@@ -78,25 +78,29 @@ done
 fails "create: a table file .* and --table" \
     ms create n1 --table "0 8 zero" "$tmpdir/zero.table"
 fails "--uuid is an option of create" ms ls --uuid u
-fails "--uuid is an option of create" ms load d1 --uuid u --table "0 8 zero"
+# -u UUID stands for NAME: the next word is the table file.
+fails "load: a table file \('d1'\) and --table: give one of them" \
+    ms load d1 --uuid u --table "0 8 zero"
 fails "--table is an option of create, load" ms info d1 --table "0 8 zero"
 fails "--table is an option of create, load" ms resume d1 --table "0 8 zero"
-fails "--noflush is an option of suspend" ms resume --noflush d1
+fails "resume --noflush: not supported: resume flushes what the live table wrote" \
+    ms resume --noflush d1
+fails "--noflush is an option of suspend, status, wait" ms clear --noflush d1
 fails "--force is an option of remove" ms suspend --force d1
 fails "--inactive is an option of table" ms status --inactive d1
 fails "--showkeys is an option of table" ms info --showkeys d1
 fails "wrong number of arguments" ms replace d1 "$tmpdir/zero.table" extra
 fails "wrong number of arguments" ms info d1 d2
 fails "wrong number of arguments" ms ls d1
-echo "resume --noflush d1" > "$tmpdir/opt.batch"
+echo "clear --noflush d1" > "$tmpdir/opt.batch"
 fails "$tmpdir/opt.batch:1: --noflush is an option of suspend" \
     ms batch "$tmpdir/opt.batch"
 unchanged arguments
 
 # --- Device names: UTF-8 without control characters.
-fails "not valid UTF-8 at byte 1 \(0xff\)" ms create "$(printf 'a\377b')"
-fails "not valid UTF-8 at byte 0" ms create "$(printf '\300\257x')"   # overlong /
-fails "not valid UTF-8 at byte 1" ms create "$(printf 'a\355\240\200')"   # surrogate
+fails "not valid UTF-8 at byte 1 \(0xff\)" ms create -n "$(printf 'a\377b')"
+fails "not valid UTF-8 at byte 0" ms create -n "$(printf '\300\257x')"   # overlong /
+fails "not valid UTF-8 at byte 1" ms create -n "$(printf 'a\355\240\200')"   # surrogate
 fails "not valid UTF-8 at byte 2" ms create "$(printf 'ab\303')"   # truncated
 fails "control character U\+0085 at byte 1" ms create "$(printf 'a\302\205b')"
 fails "control character U\+009B at byte 0" ms rename d1 "$(printf '\302\233x')"

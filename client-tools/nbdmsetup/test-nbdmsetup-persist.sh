@@ -15,7 +15,7 @@ start_server ctl mapper tables="$dir"
 
 ms create c1 --table "0 100 linear $a 0"
 ms create c2 --table "0 8 zero" --uuid U2
-ms create empty1
+ms create -n empty1
 ms replace base --table "0 1000 linear $a 0
 1000 1048 linear $a 1000"
 ms create l1 --table "0 10 zero"

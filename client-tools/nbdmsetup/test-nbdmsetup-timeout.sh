@@ -25,16 +25,16 @@ cleanup_fn "kill $silent_pid"
 wait_for test -S "$tmpdir/silent"
 silent="nbd+unix:///control?socket=$tmpdir/silent"
 fails "^nbdmsetup: nbd\+unix:.*: timed out after 1 s connecting \(--timeout\)$" \
-    tms -c "$silent" --timeout 1 ls
+    tms -a "$silent" --timeout 1 ls
 fails "timed out after 0.5 s connecting \(\\\$NBDMSETUP_TIMEOUT\)" \
-    env NBDMSETUP_TIMEOUT=0.5 timeout 60 "$NBDMSETUP" -c "$silent" info
-fails "timed out after 1 s connecting" tms -c "$silent" --timeout 1 batch /dev/null
+    env NBDMSETUP_TIMEOUT=0.5 timeout 60 "$NBDMSETUP" -a "$silent" info
+fails "timed out after 1 s connecting" tms -a "$silent" --timeout 1 batch /dev/null
 # wait's --timeout is not the connection's.
 fails "timed out after 0.5 s connecting \(\\\$NBDMSETUP_TIMEOUT\)" \
-    env NBDMSETUP_TIMEOUT=0.5 timeout 60 "$NBDMSETUP" -c "$silent" \
+    env NBDMSETUP_TIMEOUT=0.5 timeout 60 "$NBDMSETUP" -a "$silent" \
     wait d1 --timeout 100
 fails '\$NBDMSETUP_TIMEOUT: .abc. is not a number of seconds' \
-    env NBDMSETUP_TIMEOUT=abc "$NBDMSETUP" -c "$silent" ls
+    env NBDMSETUP_TIMEOUT=abc "$NBDMSETUP" -a "$silent" ls
 
 # --- A control export whose reads take 10 s (the delay filter): the
 # HELLO does not come within the limit.
@@ -80,7 +80,7 @@ fails "^nbdmsetup: wait: device 'd1': timed out waiting for an event" \
     tms wait d1 --timeout 2.5
 # An event that comes after 2 s ends a wait of 10 s.
 ev=$(ms info d1 | sed -n 's/^Event number: *//p')
-tms -j wait d1 "$ev" --timeout 10 > "$tmpdir/wait.out" &
+tms --json wait d1 "$ev" --timeout 10 > "$tmpdir/wait.out" &
 waiter=$!
 sleep 2
 unset NBDMSETUP_TIMEOUT
@@ -89,7 +89,7 @@ wait "$waiter" || die "wait for an event after 2 s failed"
 [ "$(cat "$tmpdir/wait.out")" = "{\"event_nr\": $((ev + 1))}" ] ||
     die "wait printed $(cat "$tmpdir/wait.out")"
 # The same in a batch.
-NBDMSETUP_TIMEOUT=1 tms -j batch > "$tmpdir/batch.out" <<EOF &
+NBDMSETUP_TIMEOUT=1 tms --json batch > "$tmpdir/batch.out" <<EOF &
 wait d1 --timeout 10
 EOF
 waiter=$!

@@ -78,6 +78,8 @@ parse_table (struct reply *rp, const char *cmd, const char *name,
     reply_fail (rp, -r, "%s", err.msg);
     return NULL;
   }
+  if (rp->flags & PROTO_F_READONLY)
+    table_set_read_only (t);
   return t;
 }
 
@@ -134,10 +136,11 @@ info_one (struct device *dev, void *opaque)
   device_get_info (dev, &info);
   /* The holders (tab-separated names) last: a line may have any number. */
   fprintf (rp->out, "%s\t%s\t%d\t%d\t%u\t%" PRIu64 "\t%zu\t%s\t%" PRIu64
-           "\t%s\n", device_name (dev),
+           "\t%d\t%s\n", device_name (dev),
            info.suspended ? "SUSPENDED" : "ACTIVE", info.live,
            info.inactive, info.open_count, info.event_nr, info.nr_targets,
-           uuid ? uuid : "", info.size, holders ? holders : "");
+           uuid ? uuid : "", info.size, info.read_only,
+           holders ? holders : "");
   free (uuid);
   free (holders);
   return 0;
@@ -256,11 +259,11 @@ persist_reply (struct reply *rp, int err, char *msg)
  * the reply says why.
  */
 static int
-save (struct reply *rp, const char *name, const char *uuid,
+save (struct reply *rp, const char *name, const char *uuid, bool read_only,
       const char *text)
 {
   char *msg = NULL;
-  int r = persist_write (name, uuid, text, &msg);
+  int r = persist_write (name, uuid, read_only, text, &msg);
 
   return r < 0 ? persist_reply (rp, -r, msg) : 0;
 }
@@ -325,7 +328,8 @@ cmd_create (struct reply *rp, struct proto_request *req)
     reply_fail (rp, -r, "create %s: %s", name, err.msg);
     goto err_dev;
   }
-  if (save (rp, name, *uuid ? uuid : NULL, text ? text : "") == -1)
+  if (save (rp, name, *uuid ? uuid : NULL, t && table_read_only (t),
+            text ? text : "") == -1)
     goto err_dev;
   if (t) {
     device_load (dev, t);
@@ -407,11 +411,11 @@ cmd_suspend (struct reply *rp, struct proto_request *req)
  * without making it so.
  */
 static void
-unsave (const char *name, const char *uuid, const char *text)
+unsave (const char *name, const char *uuid, bool read_only, const char *text)
 {
   char *msg = NULL;
 
-  if (persist_write (name, uuid, text, &msg) < 0)
+  if (persist_write (name, uuid, read_only, text, &msg) < 0)
     nbdkit_error ("%s", msg ? msg : "out of memory");
   free (msg);
 }
@@ -424,21 +428,26 @@ struct live_save {
   const char *name;
   char *uuid;
   char *old_text;               /* NULL: nothing saved */
+  bool old_read_only;
 };
 
+/* read_only: the new table was loaded read-only. */
 static int
 save_live (struct reply *rp, struct device *dev, const char *name,
-           const char *text, struct live_save *ls)
+           bool read_only, const char *text, struct live_save *ls)
 {
+  struct device_info info;
   int r = 0;
 
   ls->name = name;
   if (check_saved (rp, name) == -1)
     return -1;
   ls->uuid = device_uuid (dev);
+  device_get_info (dev, &info);
+  ls->old_read_only = info.live_ro;
   if ((ls->old_text = device_table_text (dev, false, &r)) == NULL)
     return reply_fail (rp, -r, "out of memory");
-  if (save (rp, name, ls->uuid, text) == -1) {
+  if (save (rp, name, ls->uuid, read_only, text) == -1) {
     free (ls->old_text);
     ls->old_text = NULL;
     return -1;
@@ -453,7 +462,7 @@ static void
 save_live_end (struct live_save *ls, bool put_back)
 {
   if (ls->old_text && put_back)
-    unsave (ls->name, ls->uuid, ls->old_text);
+    unsave (ls->name, ls->uuid, ls->old_read_only, ls->old_text);
   free (ls->uuid);
   free (ls->old_text);
 }
@@ -484,7 +493,8 @@ cmd_resume (struct reply *rp, struct proto_request *req)
       r = reply_fail (rp, -r, "out of memory");
       goto out;
     }
-    if ((r = save_live (rp, dev, req->args[0], text, &ls)) < 0)
+    if ((r = save_live (rp, dev, req->args[0], info.inactive_ro, text,
+                        &ls)) < 0)
       goto out;
   }
   if ((r = device_resume_swapped (dev, &swapped, &err)) < 0)
@@ -522,7 +532,8 @@ cmd_replace (struct reply *rp, struct proto_request *req)
     r = reply_fail (rp, -r, "replace %s: %s", req->args[0], err.msg);
     goto out;
   }
-  if ((r = save_live (rp, dev, req->args[0], text, &ls)) < 0)
+  if ((r = save_live (rp, dev, req->args[0], table_read_only (t), text,
+                      &ls)) < 0)
     goto out;
   r = device_replace (dev, t, &swapped, &err);
   t = NULL;                     /* taken, even on failure */
@@ -623,6 +634,7 @@ cmd_rename (struct reply *rp, struct proto_request *req)
 static int
 save_message (struct reply *rp, struct device *dev, const char *name)
 {
+  struct device_info info;
   char *msg = NULL, *uuid, *text;
   int r = persist_check_saved (name, &msg);
 
@@ -632,7 +644,8 @@ save_message (struct reply *rp, struct device *dev, const char *name)
   if ((text = device_table_text (dev, false, &r)) == NULL)
     return reply_fail (rp, -r, "message %s: out of memory", name);
   uuid = device_uuid (dev);
-  r = persist_write (name, uuid, text, &msg);
+  device_get_info (dev, &info);
+  r = persist_write (name, uuid, info.live_ro, text, &msg);
   OPENSSL_cleanse (text, strlen (text));   /* may hold a crypt key */
   free (text);
   free (uuid);

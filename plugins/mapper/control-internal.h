@@ -50,9 +50,11 @@ void persist_unload (void);
 /* Each does nothing and returns 0 without tables=DIR; on error -errno and
  * *msg (malloc'd, may be NULL on ENOMEM) says what failed.
  */
-/* DIR/NAME.table := the uuid and no-table header + text, atomically. */
-int persist_write (const char *name, const char *uuid, const char *text,
-                   char **msg);
+/* DIR/NAME.table := the uuid, read-only and no-table header + text,
+ * atomically.
+ */
+int persist_write (const char *name, const char *uuid, bool read_only,
+                   const char *text, char **msg);
 /* Is the device NAME saved in DIR, where its changes are saved?  One
  * loaded from elsewhere is not: -EPERM.
  */

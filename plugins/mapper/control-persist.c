@@ -155,9 +155,10 @@ persist_failed (int r, const char *what, const char *name, char **msg)
 
 #define UUID_TAG "# nbdmapper-uuid: "
 #define NO_TABLE_TAG "# nbdmapper-no-table"
+#define READ_ONLY_TAG "# nbdmapper-readonly"
 
 int
-control_restore (struct device *dev, const char *path)
+control_restore (struct device *dev, const char *path, bool *read_only)
 {
   struct mapper_err err = { "" };
   FILE *fp = fopen (path, "r");
@@ -179,6 +180,8 @@ control_restore (struct device *dev, const char *path)
     }
     else if (strcmp (line, NO_TABLE_TAG) == 0)
       r = 1;
+    else if (strcmp (line, READ_ONLY_TAG) == 0)
+      *read_only = true;
     else if (line[0] != '#')
       break;                    /* the header ends at the first table line */
   }
@@ -191,8 +194,8 @@ control_restore (struct device *dev, const char *path)
  * file or the new one, and at most a temp file remove_stale_tmp removes).
  */
 int
-persist_write (const char *name, const char *uuid, const char *text,
-               char **msg)
+persist_write (const char *name, const char *uuid, bool read_only,
+               const char *text, char **msg)
 {
   char *tmp = NULL, *path = NULL, *all = NULL;
   size_t len;
@@ -200,9 +203,10 @@ persist_write (const char *name, const char *uuid, const char *text,
 
   if (tables_dir == NULL)
     return 0;
-  if (asprintf (&all, "%s%s%s%s%s", uuid ? UUID_TAG : "", uuid ? uuid : "",
-                uuid ? "\n" : "", *text ? "" : NO_TABLE_TAG "\n",
-                text) == -1) {
+  if (asprintf (&all, "%s%s%s%s%s%s", uuid ? UUID_TAG : "",
+                uuid ? uuid : "", uuid ? "\n" : "",
+                read_only && *text ? READ_ONLY_TAG "\n" : "",
+                *text ? "" : NO_TABLE_TAG "\n", text) == -1) {
     all = NULL;
     r = -ENOMEM;
     goto out;

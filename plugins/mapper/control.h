@@ -18,11 +18,13 @@ void control_set_tables_dir (const char *dir);
 int control_config_complete (void);
 void control_unload (void);
 /* At start, for a table file: apply the "# nbdmapper-uuid:" line saved
- * by the control export; 1 if the file says the device has no table
- * ("# nbdmapper-no-table"), 0 otherwise, -1 on error (reported).
+ * by the control export, and set *read_only if the file says the table
+ * is served read-only ("# nbdmapper-readonly"); 1 if the file says the
+ * device has no table ("# nbdmapper-no-table"), 0 otherwise, -1 on
+ * error (reported).
  */
 struct device;
-int control_restore (struct device *dev, const char *path);
+int control_restore (struct device *dev, const char *path, bool *read_only);
 #define control_config_help \
   "control-key=FILE    HMAC-SHA256 secret (>= 32 bytes, mode 0600) for\n" \
   "                    the control export; without it control is allowed\n" \

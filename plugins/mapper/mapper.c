@@ -218,6 +218,7 @@ load_device (const char *path, bool quiet)
   struct device *dev;
   struct table *t;
   char *name;
+  bool read_only = false;
   int r;
 
   name = device_name_of (path);
@@ -231,10 +232,11 @@ load_device (const char *path, bool quiet)
     nbdkit_error ("%s: %s", path, err.msg);
     return -1;
   }
-  /* What the control export saved besides the table: the uuid, or that
-   * the device has no table (it then comes back suspended and empty).
+  /* What the control export saved besides the table: the uuid, that the
+   * table is read-only, or that the device has no table (it then comes
+   * back suspended and empty).
    */
-  if ((r = control_restore (dev, path)) != 0) {
+  if ((r = control_restore (dev, path, &read_only)) != 0) {
     if (r == 1)
       return 0;
     device_destroy (dev);
@@ -247,6 +249,8 @@ load_device (const char *path, bool quiet)
     nbdkit_error ("%s", err.msg);
     return -1;
   }
+  if (read_only)
+    table_set_read_only (t);
   if (device_check_table (dev, t, &err) < 0) {
     nbdkit_error ("%s: %s", path, err.msg);
     table_free (t);

@@ -136,6 +136,7 @@ struct pd_msm {
   uint32_t *count;                /* nr_blocks counts */
   uint8_t *new_bits;              /* allocated in this transaction */
   uint8_t *freed_bits;            /* freed in this transaction */
+  uint64_t nr_freed;              /* how many: free, but not before commit */
   uint64_t cursor;                /* where the next search starts */
   uint64_t nr_bitmaps;
   struct pd_index_entry index[PD_MAX_METADATA_BITMAPS];
@@ -162,6 +163,8 @@ int pd_msm_commit (struct pd_tm *tm, uint8_t *root);   /* fills the root */
 int pd_msm_extend (struct pd_tm *tm, uint64_t nr_blocks);
 
 uint32_t pd_tm_count (struct pd_tm *tm, uint64_t b);
+/* Blocks that can be allocated before the commit. */
+uint64_t pd_tm_available (struct pd_tm *tm);
 int pd_tm_inc (struct pd_tm *tm, uint64_t b);
 int pd_tm_dec (struct pd_tm *tm, uint64_t b);
 /* A new block, count 1, zeroed in the cache and pinned. */

@@ -45,6 +45,7 @@ set_count (struct pd_msm *sm, uint64_t b, uint32_t v)
   else if (old && v == 0) {
     sm->nr_allocated--;
     BIT_SET (sm->freed_bits, b);
+    sm->nr_freed++;
   }
 }
 
@@ -358,6 +359,13 @@ pd_tm_end_transaction (struct pd_tm *tm)
 
   memset (tm->sm.new_bits, 0, bytes);
   memset (tm->sm.freed_bits, 0, bytes);
+  tm->sm.nr_freed = 0;
+}
+
+uint64_t
+pd_tm_available (struct pd_tm *tm)
+{
+  return tm->sm.nr_blocks - tm->sm.nr_allocated - tm->sm.nr_freed;
 }
 
 static void

@@ -116,6 +116,46 @@ writable (struct thin_md *md, char *err)
   return r;
 }
 
+/* dm keeps a reserve of metadata blocks (__set_metadata_reserve: a
+ * tenth of the device, at most 4096 blocks) so that a pool whose
+ * metadata is nearly full can still commit what it has: a change that
+ * allocates is refused with -ENOSPC, the metadata is not failed.  At
+ * least 16 blocks: a commit places the space map's index and bitmaps,
+ * and maybe a ref count tree and a path of the details tree.
+ */
+static uint64_t
+metadata_reserve (struct thin_md *md)
+{
+  uint64_t r = md->tm.sm.nr_blocks / 10;
+
+  return r > 4096 ? 4096 : r < 16 ? 16 : r;
+}
+
+static int
+metadata_low (struct thin_md *md, char *err)
+{
+  uint64_t avail = pd_tm_available (&md->tm);
+
+  if (avail >= metadata_reserve (md))
+    return 0;
+  pd_error (&md->tm.bm, ENOSPC, "metadata space low: %llu of %llu blocks "
+            "free, %llu kept for the commit (resize the metadata device)",
+            (unsigned long long) avail,
+            (unsigned long long) md->tm.sm.nr_blocks,
+            (unsigned long long) metadata_reserve (md));
+  copy_err (md, err);
+  return -ENOSPC;
+}
+
+/* writable, and room to change */
+static int
+can_change (struct thin_md *md, char *err)
+{
+  int r = writable (md, err);
+
+  return r < 0 ? r : metadata_low (md, err);
+}
+
 /* --- value types ---------------------------------------------------- */
 
 static int
@@ -671,7 +711,7 @@ thin_md_create_thin (struct thin_md *md, uint64_t dev_id, char *err)
   int r;
 
   WRLOCK (md);
-  if ((r = writable (md, err)) < 0 || (r = check_new_id (md, dev_id, err)) < 0)
+  if ((r = can_change (md, err)) < 0 || (r = check_new_id (md, dev_id, err)) < 0)
     goto out;
   if ((r = pd_btree_empty (&md->bottom, &root)) < 0)
     goto failed;
@@ -699,7 +739,7 @@ thin_md_create_snap (struct thin_md *md, uint64_t dev_id, uint64_t origin_id,
   int r;
 
   WRLOCK (md);
-  if ((r = writable (md, err)) < 0 || (r = check_new_id (md, dev_id, err)) < 0)
+  if ((r = can_change (md, err)) < 0 || (r = check_new_id (md, dev_id, err)) < 0)
     goto out;
   r = get_td (md, origin_id, &origin);
   if (r == -ENODATA) {
@@ -818,7 +858,7 @@ thin_md_reserve_metadata_snap (struct thin_md *md, char *err)
   int r;
 
   WRLOCK (md);
-  if ((r = writable (md, err)) < 0)
+  if ((r = can_change (md, err)) < 0)
     goto out;
   if (md->held_root) {
     r = pd_error (&md->tm.bm, EBUSY, "a metadata snapshot is already held "
@@ -1080,7 +1120,7 @@ thin_md_insert_block (struct thin_md_dev *td, uint64_t vblock,
   int r;
 
   WRLOCK (md);
-  if ((r = writable (md, NULL)) < 0)
+  if ((r = can_change (md, NULL)) < 0)
     goto out;
   if (td->gone || data_block >= md->dsm.nr_blocks || data_block >> 40) {
     r = pd_error (&md->tm.bm, EINVAL, "device %llu: cannot map block %llu to "
@@ -1114,7 +1154,7 @@ thin_md_remove_range (struct thin_md_dev *td, uint64_t begin, uint64_t end)
   struct thin_md *md = td->md;
   uint64_t root = td->root, key;
   uint8_t v[8];
-  int r;
+  int r, low = 0;
 
   WRLOCK (md);
   if ((r = writable (md, NULL)) < 0 || td->gone)
@@ -1125,6 +1165,8 @@ thin_md_remove_range (struct thin_md_dev *td, uint64_t begin, uint64_t end)
       r = 0;
       break;
     }
+    if (r == 0 && (low = metadata_low (md, NULL)) < 0)
+      break;                      /* what is removed so far stays so */
     if (r == 0 && !md->changed)
       md->changed = true;
     if (r == 0 && root == td->root)
@@ -1140,6 +1182,8 @@ thin_md_remove_range (struct thin_md_dev *td, uint64_t begin, uint64_t end)
   if (r == 0)
     r = set_root (td, root);
   fail (md, r);
+  if (r == 0)
+    r = low;
  out:
   UNLOCK (md);
   return r;
@@ -1151,7 +1195,7 @@ thin_md_alloc_data_block (struct thin_md *md, uint64_t *block)
   int r;
 
   WRLOCK (md);
-  if ((r = writable (md, NULL)) == 0) {
+  if ((r = can_change (md, NULL)) == 0) {
     r = pd_dsm_new_block (&md->dsm, block);
     if (r == 0)
       md->changed = true;
@@ -1230,7 +1274,7 @@ thin_md_resize_data_dev (struct thin_md *md, uint64_t nr_blocks, char *err)
   int r;
 
   WRLOCK (md);
-  if ((r = writable (md, err)) < 0)
+  if ((r = can_change (md, err)) < 0)
     goto out;
   if (nr_blocks < md->dsm.nr_blocks) {
     r = pd_error (&md->tm.bm, EINVAL, "data device: cannot shrink from %llu "
@@ -1396,7 +1440,7 @@ data_range (struct thin_md *md, uint64_t begin, uint64_t end, bool inc)
   int r;
 
   WRLOCK (md);
-  if ((r = writable (md, NULL)) < 0)
+  if ((r = inc ? can_change (md, NULL) : writable (md, NULL)) < 0)
     goto out;
   if (begin > end || end > md->dsm.nr_blocks) {
     r = pd_error (&md->tm.bm, EINVAL, "data blocks %llu-%llu: beyond the "

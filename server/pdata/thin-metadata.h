@@ -37,7 +37,7 @@ struct thin_md;          /* one pool's metadata (dm_pool_metadata) */
 struct thin_md_dev;      /* an open thin device (dm_thin_device) */
 
 struct thin_md_open_args {
-  const struct pd_blockdev *dev;
+  const struct pd_blockdev *dev;  /* kept, not copied: valid until close */
   uint32_t data_block_sectors;   /* the table's; must match an existing sb */
   uint64_t nr_data_blocks;       /* data device size in blocks: grows the
                                   * data space map; smaller than the
