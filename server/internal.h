@@ -181,7 +181,7 @@ struct table {
   /* Those of backends that only target_get_backend_read_only asked for
    * (no reference of their own): left out of the write capabilities.
    */
-  backend_vector read_only;
+  backend_vector read_only_uses;
   stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;
   size_t nr_flush_hooks;        /* targets with a flush() hook */

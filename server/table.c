@@ -139,8 +139,8 @@ note_stack_use (struct table *t, struct backend *be, uint64_t end,
 static ssize_t
 read_only_index (const struct table *t, const struct backend *be)
 {
-  for (size_t i = 0; i < t->read_only.len; i++)
-    if (t->read_only.ptr[i] == be)
+  for (size_t i = 0; i < t->read_only_uses.len; i++)
+    if (t->read_only_uses.ptr[i] == be)
       return i;
   return -1;
 }
@@ -213,19 +213,19 @@ get_backend (struct target *ti, const char *spec, uint64_t start,
   }
   /* The table keeps one reference per distinct backend.  A backend
    * only read through (an external origin) does not make the table
-   * read-only: it is in read_only until a target asks to write it.
+   * read-only: it is in read_only_uses until a target asks to write it.
    */
   for (i = 0; i < t->backends.len; i++)
     if (t->backends.ptr[i] == be) {
       ssize_t k = read_only_index (t, be);
       backend_put (be);
       if (!read_only && k >= 0)
-        backend_vector_remove (&t->read_only, k);
+        backend_vector_remove (&t->read_only_uses, k);
       *out = be;
       return 0;
     }
   if (backend_vector_append (&t->backends, be) == -1 ||
-      (read_only && backend_vector_append (&t->read_only, be) == -1)) {
+      (read_only && backend_vector_append (&t->read_only_uses, be) == -1)) {
     if (t->backends.len && t->backends.ptr[t->backends.len - 1] == be)
       t->backends.len--;
     backend_put (be);
@@ -281,7 +281,7 @@ table_free (struct table *t)
   for (size_t i = 0; i < t->backends.len; i++)
     backend_put (t->backends.ptr[i]);
   backend_vector_reset (&t->backends);
-  backend_vector_reset (&t->read_only);
+  backend_vector_reset (&t->read_only_uses);
   stack_use_vector_reset (&t->stack_uses);
   free (t->targets);
   free (t->ends);
