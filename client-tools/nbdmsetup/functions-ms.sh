@@ -47,6 +47,9 @@ steady ()
     echo "$last"
 }
 
+# ev NAME: the device's event number.
+ev () { ms info "$1" | sed -n 's/^Event number: *//p'; }
+
 # thin_pool MD_SIZE DATA_SIZE LOW_WATER [FEATURE...]: the thin tests' pool:
 # files $md and $data of those sizes, a server (log in $tmpdir/log, its
 # tables in $tmpdir/tables) and on it device "pool", a thin-pool of

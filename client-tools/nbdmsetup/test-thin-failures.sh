@@ -12,7 +12,6 @@ source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
 
-ev () { ms info "$1" | sed -n 's/^Event number: *//p'; }
 md=$(mkfile md.img 4M)
 data=$(mkfile data.img 16M)
 mkdir "$tmpdir/tables"

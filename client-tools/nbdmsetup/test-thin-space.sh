@@ -11,7 +11,6 @@ source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
 
-ev () { ms info "$1" | sed -n 's/^Event number: *//p'; }
 st () { ms status pool | cut -d' ' -f6-; }
 
 thin_pool 4M 2M 8 error_if_no_space      # 32 blocks of 64 KiB
