@@ -97,4 +97,30 @@ st | grep -q '^64/64 - out_of_data_space ' || die "status while queued: $(st)"
 stop_server ctl || die "the server did not stop with a write queued for space"
 wait $writer || { cat "$tmpdir/writer2"; die "the queued write"; }
 thin_check "$md" || die "thin_check"
+
+# 5. The metadata low water mark (a quarter of the metadata device, at
+# most 4 MiB): metadata from thin_restore that fills most of 5 MiB (150,000
+# mappings) raises it when the pool loads.
+python3 - > "$tmpdir/big.xml" <<'EOF2'
+print('<superblock uuid="" time="0" transaction="1" flags="0" version="2" '
+      'data_block_size="128" nr_data_blocks="300000">')
+print('<device dev_id="1" mapped_blocks="150000" transaction="0" '
+      'creation_time="0" snap_time="0">')
+for s in range(0, 150000, 1000):
+    print('<range_mapping origin_begin="%d" data_begin="%d" length="1000" '
+          'time="0"/>' % (s, s))
+print('</device></superblock>')
+EOF2
+md2=$(mkfile md2.img 5M)
+thin_restore -i "$tmpdir/big.xml" -o "$md2" > /dev/null || die "thin_restore"
+truncate -s 19200M "$tmpdir/data2.img"
+start_server --stderr "$tmpdir/log3" ctl -f mapper tables="$tmpdir/tables"
+ms create pool2 --table "0 39321600 thin-pool $md2 $tmpdir/data2.img 128 0"
+ms status pool2
+read -r used total thr < <(ms status pool2 | awk '{ split($5, m, "/"); print m[1], m[2], $NF }')
+[ $((total - used)) -le "$thr" ] || die "the test's metadata is not past the mark: $(ms status pool2)"
+grep -q 'thin-pool: device pool2: reached low water mark for metadata device' "$tmpdir/log3" ||
+    { cat "$tmpdir/log3"; die "metadata low water mark not raised"; }
+ms remove pool2
+stop_server ctl
 echo "$0: ok"

@@ -259,14 +259,26 @@ pool_type_stop (void)
 
 /* --- data blocks ------------------------------------------------------ */
 
+/* dm's metadata low water mark: a quarter of the metadata device, at
+ * most 4 MiB.
+ */
+static uint64_t
+metadata_threshold (struct pool *p)
+{
+  uint64_t total = p->pdev.size / 4096;
+
+  return MIN (1024, total / 4);
+}
+
 static void
 check_low_water (struct pool *p)
 {
-  uint64_t nfree;
-  bool raise = false;
-  char msg[256];
+  uint64_t nfree, mfree;
+  bool raise = false, mraise = false;
+  char msg[256], mmsg[256];
 
-  if (thin_md_get_free_data_blocks (p->md, &nfree) < 0)
+  if (thin_md_get_free_data_blocks (p->md, &nfree) < 0 ||
+      thin_md_get_free_metadata_blocks (p->md, &mfree) < 0)
     return;
   pthread_mutex_lock (&p->lock);
   if (nfree <= p->low_water_blocks && !p->low_water_raised) {
@@ -275,9 +287,18 @@ check_low_water (struct pool *p)
               "(%" PRIu64 " free blocks, mark %" PRIu64 "): sending event",
               nfree, p->low_water_blocks);
   }
+  /* dm's metadata low water mark (the status's last field). */
+  if (mfree <= metadata_threshold (p) && !p->meta_low_water_raised) {
+    p->meta_low_water_raised = mraise = true;
+    snprintf (mmsg, sizeof mmsg, "reached low water mark for metadata "
+              "device (%" PRIu64 " free blocks, mark %" PRIu64 "): sending "
+              "event", mfree, metadata_threshold (p));
+  }
   pthread_mutex_unlock (&p->lock);
   if (raise)
     pool_event (p, msg);
+  if (mraise)
+    pool_event (p, mmsg);
 }
 
 int
@@ -587,17 +608,6 @@ pool_flush (struct target *ti, struct io_req *req)
   return pool_commit (pc->pool);
 }
 
-/* dm's metadata low water mark: a quarter of the metadata device, at
- * most 4 MiB.
- */
-static uint64_t
-metadata_threshold (struct pool *p)
-{
-  uint64_t total = p->pdev.size / 4096;
-
-  return MIN (1024, total / 4);
-}
-
 /* Binding (dm's pool_preresume and __bind): the live table's data device,
  * size, features and low water mark.  Grows the data space map.
  */
@@ -607,7 +617,7 @@ pool_resume (struct target *ti)
   struct pool_c *pc = ti->private;
   struct pool *p = pc->pool;
   char err[PD_ERR_LEN] = "", msg[PD_ERR_LEN + 64];
-  uint64_t blocks = 0, nfree = 0;
+  uint64_t blocks = 0, nfree = 0, mfree = 0;
   int r = 0;
 
   pthread_rwlock_wrlock (&p->commit_rw);
@@ -638,6 +648,9 @@ pool_resume (struct target *ti)
   if (thin_md_get_free_data_blocks (p->md, &nfree) == 0 &&
       nfree > p->low_water_blocks)
     p->low_water_raised = false;
+  if (thin_md_get_free_metadata_blocks (p->md, &mfree) == 0 &&
+      mfree > metadata_threshold (p))
+    p->meta_low_water_raised = false;
   p->space_gen++;
   pthread_cond_broadcast (&p->space_cond);
   pthread_mutex_unlock (&p->lock);
@@ -940,6 +953,7 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
                     "read-only now (needs_check)", cmd);
     return r;
   }
+  check_low_water (p);
   (void) reply, (void) len;
   return 0;
 }

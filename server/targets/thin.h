@@ -70,7 +70,7 @@ struct pool {
   struct pool_features pf;
   uint64_t low_water_blocks;
   bool low_water_raised;
-  bool meta_low_water_raised;
+  bool meta_low_water_raised;  /* the metadata low water mark's */
   uint64_t space_gen;
   /* The pool device is suspending or suspended (presuspend until the
    * next bind): new provisioning, copies and discards, which go to the
