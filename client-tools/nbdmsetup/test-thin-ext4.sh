@@ -20,7 +20,8 @@ mkdir "$tmpdir/fuse" "$tmpdir/mnt" "$tmpdir/snap"
 thin_pool 16M 512M 64
 ms create t1 --table "0 1048576 thin mapper:pool 1"     # 512 MiB
 cleanup_fn fuse_detach
-cleanup_fn 'umount "$tmpdir/snap" 2>/dev/null; losetup -D 2>/dev/null || :'
+# Only this test's own loop device (others may be in use on the machine).
+cleanup_fn 'umount "$tmpdir/snap" 2>/dev/null; [ ! -s "$tmpdir/snaploop" ] || losetup -d "$(cat "$tmpdir/snaploop")" 2>/dev/null || :'
 
 fuse_attach "nbd+unix:///t1?socket=$sock" || die "nbdfuse did not come up"
 mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
@@ -69,10 +70,11 @@ qemu-img compare -f raw -F qcow2 "$tmpdir/copy.img" "$tmpdir/copy.qcow2" ||
     die "the two copies differ"
 fsck.ext4 -fn "$tmpdir/copy.img" || die "fsck of the snapshot"
 snaploop=$(losetup -f --show -r "$tmpdir/copy.img")
+echo "$snaploop" > "$tmpdir/snaploop"
 mount -t ext4 -o ro,noload "$snaploop" "$tmpdir/snap"
 sums "$tmpdir/snap" | diff - "$tmpdir/sums.snap" ||
     die "the snapshot does not hold the files of the freeze"
-umount "$tmpdir/snap"; losetup -d "$snaploop"
+umount "$tmpdir/snap"; losetup -d "$snaploop"; rm "$tmpdir/snaploop"
 
 # The origin, after the writers.
 umount "$tmpdir/mnt"
