@@ -47,10 +47,24 @@ struct clone {
   int (*end_io) (struct clone *c, void *ctx, uint64_t arg, int error);
   void *end_io_ctx;
   uint64_t end_io_arg;
+  /* core: optional hook the request's waiter calls when end_io returned
+   * CLONE_REMAP (io_emit_remap, target.h's clone_remap_fn); remap_due
+   * says it is wanted.
+   */
+  int (*remap) (struct clone *c, void *ctx, uint64_t arg);
+  bool remap_due;
   struct clone *retry_next;     /* core: io_req.retry list */
   struct clone *qnext;          /* core: io_req_run's local clones, then the
                                  * I/O loop's or local pool's queue */
 };
+
+/* A clone flag beyond the request's (engine.h's MAPPER_*): the target has
+ * somewhere else to send the clone (a multipath's other paths), so a
+ * backend that loses the connection carrying it, or has none, fails it
+ * at once instead of holding it for a reconnection (Linux's
+ * REQ_FAILFAST_TRANSPORT, which dm-mpath sets on its clones).
+ */
+#define CLONE_FAILFAST 0x10000
 
 struct backend_ops {
   const char *kind;             /* "file", "nbd", "device": its kind's name */
@@ -88,6 +102,14 @@ struct backend_ops {
    * refused at load, the tables holding a device.  NULL for others.
    */
   struct device *(*lower_device) (struct backend *be);
+  /* Optional: give up every clone of be whose end_io_ctx is owner (a
+   * multipath target's path timed out): each completes with -EIO, and
+   * only once nothing can write into its buffer any more (nbd: the
+   * backend's connections are closed first, and the other clones on
+   * them retried as after a lost connection).  Returns when they have
+   * completed.  From any thread but the I/O loop's.
+   */
+  void (*abandon) (struct backend *be, void *owner);
   void (*close) (struct backend *be);
 };
 

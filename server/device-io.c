@@ -190,16 +190,18 @@ device_errseq (struct device *dev)
   uint64_t e = atomic_load (&dev->dropped_err);
 
   if (dev->live)
-    for (size_t i = 0; i < dev->live->backends.len; i++)
-      e = MAX (e, backend_errseq (dev->live->backends.ptr[i]));
+    for (size_t i = 0; i < dev->live->flushed.len; i++)
+      e = MAX (e, backend_errseq (dev->live->flushed.ptr[i]));
   return e;
 }
 
 int
 device_flush_backends (struct table *t, uint64_t seen)
 {
-  /* Once per distinct backend, never once per target. */
-  return flush_table (t, t->backends.ptr, t->backends.len, seen);
+  /* Once per distinct backend, never once per target; paths are their
+   * targets' (the flush hooks, before).
+   */
+  return flush_table (t, t->flushed.ptr, t->flushed.len, seen);
 }
 
 int
@@ -232,8 +234,8 @@ device_flush_errseq (struct device *dev, uint32_t flags,
   if (seen)
     errseq_seen (seen, sample);
   if (mapper_trace_io && mapper_debug)
-    mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->backends.len,
-                  t->backends.len == 1 ? "" : "s");
+    mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->flushed.len,
+                  t->flushed.len == 1 ? "" : "s");
   device_exit (dev);
   return r;
 }

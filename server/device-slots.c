@@ -93,7 +93,9 @@ suspend_locked (struct device *dev, bool noflush)
     table_postsuspend (dev->live);
   if (noflush || dev->live == NULL)
     return 0;
-  r = io_flush_backends (dev->live->backends.ptr, dev->live->backends.len);
+  r = io_flush_backends (dev->live->flushed.ptr, dev->live->flushed.len);
+  if (r == 0)
+    r = table_flush_paths (dev->live);  /* multipath's paths */
   if (r < 0)
     unsuspend_locked (dev);
   return r;
@@ -164,11 +166,11 @@ dropped_backends (const struct table *old, const struct table *new,
 {
   if (old == NULL)
     return 0;
-  for (size_t i = 0; i < old->backends.len; i++) {
+  for (size_t i = 0; i < old->flushed.len; i++) {
     bool kept = false;
-    for (size_t j = 0; j < new->backends.len && !kept; j++)
-      kept = old->backends.ptr[i] == new->backends.ptr[j];
-    if (!kept && backend_vector_append (out, old->backends.ptr[i]) == -1)
+    for (size_t j = 0; j < new->flushed.len && !kept; j++)
+      kept = old->flushed.ptr[i] == new->flushed.ptr[j];
+    if (!kept && backend_vector_append (out, old->flushed.ptr[i]) == -1)
       return -ENOMEM;
   }
   return 0;
@@ -182,12 +184,18 @@ dropped_backends (const struct table *old, const struct table *new,
  */
 static int
 flush_dropped (struct device *dev, backend_vector *dropped,
-               struct mapper_err *err)
+               struct table *old, struct mapper_err *err)
 {
   int r = 0;
 
   if (dropped->len)
     r = io_flush_backends (dropped->ptr, dropped->len);
+  /* The old table's paths (multipath), by their targets' own rule: the
+   * new table may not flush them, or not for what the old one wrote.
+   * Clean paths cost nothing.
+   */
+  if (r == 0 && old)
+    r = table_flush_paths (old);
   for (size_t i = 0; i < dropped->len; i++)
     errseq_note_dropped (&dev->dropped_err, dropped->ptr[i]);
   backend_vector_reset (dropped);
@@ -256,7 +264,7 @@ device_resume_swapped (struct device *dev, bool *swapped,
   }
   unsuspend_locked (dev);
   pthread_mutex_unlock (&dev->lock);
-  r = flush_dropped (dev, &dropped, err);
+  r = flush_dropped (dev, &dropped, old, err);
   table_free (old);
   return r;
 }
@@ -333,7 +341,7 @@ device_replace (struct device *dev, struct table *t, bool *swapped,
   /* Writes that went to backends the new table no longer uses are
    * durable before replace returns, or replace says they may not be.
    */
-  r = flush_dropped (dev, &dropped, err);
+  r = flush_dropped (dev, &dropped, old_live, err);
   table_free (old_live);
   table_free (old_inactive);
   /* The suspended window, for bench/bench-reload (nbdkit -v). */

@@ -46,8 +46,8 @@ device_flush_per_target (struct table *t, uint64_t seen)
    * device_flush_backends: a mode that moved the observer on without
    * looking would hide a lost write from the benchmark's client.
    */
-  for (size_t i = 0; seen != UINT64_MAX && i < t->backends.len; i++)
-    if (backend_errseq (t->backends.ptr[i]) > seen)
+  for (size_t i = 0; seen != UINT64_MAX && i < t->flushed.len; i++)
+    if (backend_errseq (t->flushed.ptr[i]) > seen)
       return -EIO;
   return 0;
 }

@@ -174,7 +174,8 @@ clone_done (struct clone *c, int error)
    */
   if (c->end_io) {
     seen = c->end_io (c, c->end_io_ctx, c->end_io_arg, error);
-    if (seen == CLONE_RETRY) {
+    if (seen == CLONE_RETRY || seen == CLONE_REMAP) {
+      c->remap_due = seen == CLONE_REMAP;
       io_req_clone_retry (c);
       return;
     }

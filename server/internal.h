@@ -182,6 +182,12 @@ struct table {
    * (no reference of their own): left out of the write capabilities.
    */
   backend_vector read_only_uses;
+  /* Those of backends the engine flushes (and looks at the error stamps
+   * of): all but the paths of targets that flush their own
+   * (target_get_path).  No references of its own.
+   */
+  backend_vector flushed;
+  size_t nr_path_flushers;      /* targets whose type has .paths */
   stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;
   size_t nr_flush_hooks;        /* targets with a flush() hook */
@@ -205,6 +211,7 @@ void table_resume (struct table *t);
 int table_preresume (struct table *t, struct mapper_err *err);
 void table_postsuspend (struct table *t);
 int table_flush_hooks (struct table *t, uint32_t flags);
+int table_flush_paths (struct table *t);
 /* Send t's events to dev from now on (NULL: nowhere), once an event
  * being raised on t is done.  t may be NULL.  The swap calls it under
  * dev->lock; device_free before freeing dev.

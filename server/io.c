@@ -76,6 +76,20 @@ io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
 }
 
 int
+io_emit_remap (struct io_req *req, struct backend *be, uint64_t offset,
+               uint64_t len, char *buf, clone_end_io_fn end_io,
+               clone_remap_fn remap, void *ctx, uint64_t arg)
+{
+  int r = io_emit_end_io (req, be, offset, len, buf, end_io, ctx, arg);
+
+  if (r == 0) {
+    req->clones[req->nr - 1].remap = remap;
+    req->clones[req->nr - 1].flags |= CLONE_FAILFAST;
+  }
+  return r;
+}
+
+int
 io_emit (struct io_req *req, struct backend *be, uint64_t offset,
          uint64_t len, char *buf)
 {
@@ -230,12 +244,42 @@ io_req_run (struct io_req *req)
        */
       while (c) {
         struct clone *next = c->retry_next;
-        c->be->ops->submit (c->be, c);
+        int e = 0;
+
+        /* CLONE_REMAP: the target chooses where it goes from here, and
+         * may wait for it (a multipath queueing with no path left).
+         */
+        if (c->remap_due) {
+          c->remap_due = false;
+          e = c->remap (c, c->end_io_ctx, c->end_io_arg);
+        }
+        if (e < 0)
+          io_req_clone_end (c, e);
+        else
+          c->be->ops->submit (c->be, c);
         atomic_fetch_sub (&req->pending, 1);
         c = next;
       }
     }
   return atomic_load (&req->error);
+}
+
+int
+io_sync_end_io (enum io_op op, struct backend *be, uint64_t offset,
+                uint64_t len, char *buf, clone_end_io_fn end_io, void *ctx,
+                uint64_t arg)
+{
+  struct io_req req;
+  int r;
+
+  io_req_init (&req, op, 0);
+  r = io_emit_end_io (&req, be, offset, len, buf, end_io, ctx, arg);
+  if (r == 0) {
+    req.clones[0].flags |= CLONE_FAILFAST;
+    r = io_req_run (&req);
+  }
+  io_req_release (&req);
+  return r;
 }
 
 int

@@ -145,30 +145,10 @@ read_only_index (const struct table *t, const struct backend *be)
   return -1;
 }
 
-static int get_backend (struct target *ti, const char *spec, uint64_t start,
-                        uint64_t len, bool read_only, struct backend **out,
-                        struct mapper_err *err);
-
-int
-target_get_backend (struct target *ti, const char *spec, uint64_t start,
-                    uint64_t len, struct backend **out,
-                    struct mapper_err *err)
-{
-  return get_backend (ti, spec, start, len, false, out, err);
-}
-
-int
-target_get_backend_read_only (struct target *ti, const char *spec,
-                              uint64_t start, uint64_t len,
-                              struct backend **out, struct mapper_err *err)
-{
-  return get_backend (ti, spec, start, len, true, out, err);
-}
-
 static int
 get_backend (struct target *ti, const char *spec, uint64_t start,
-             uint64_t len, bool read_only, struct backend **out,
-             struct mapper_err *err)
+             uint64_t len, bool flushed, bool read_only,
+             struct backend **out, struct mapper_err *err)
 {
   struct table *t = ti->table;
   struct backend *be;
@@ -216,24 +196,58 @@ get_backend (struct target *ti, const char *spec, uint64_t start,
    * read-only: it is in read_only_uses until a target asks to write it.
    */
   for (i = 0; i < t->backends.len; i++)
-    if (t->backends.ptr[i] == be) {
-      ssize_t k = read_only_index (t, be);
-      backend_put (be);
-      if (!read_only && k >= 0)
-        backend_vector_remove (&t->read_only_uses, k);
-      *out = be;
-      return 0;
-    }
-  if (backend_vector_append (&t->backends, be) == -1 ||
-      (read_only && backend_vector_append (&t->read_only_uses, be) == -1)) {
+    if (t->backends.ptr[i] == be)
+      break;
+  if (i < t->backends.len) {
+    ssize_t k = read_only_index (t, be);
+    backend_put (be);
+    if (!read_only && k >= 0)
+      backend_vector_remove (&t->read_only_uses, k);
+  }
+  else if (backend_vector_append (&t->backends, be) == -1 ||
+           (read_only &&
+            backend_vector_append (&t->read_only_uses, be) == -1)) {
     if (t->backends.len && t->backends.ptr[t->backends.len - 1] == be)
       t->backends.len--;
     backend_put (be);
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
   }
+  if (flushed) {
+    for (i = 0; i < t->flushed.len; i++)
+      if (t->flushed.ptr[i] == be)
+        break;
+    /* No reference of its own: be stays in backends (the table's). */
+    if (i == t->flushed.len && backend_vector_append (&t->flushed, be) == -1) {
+      mapper_err_set (err, "out of memory");
+      return -ENOMEM;
+    }
+  }
   *out = be;
   return 0;
+}
+
+int
+target_get_backend (struct target *ti, const char *spec, uint64_t start,
+                    uint64_t len, struct backend **out,
+                    struct mapper_err *err)
+{
+  return get_backend (ti, spec, start, len, true, false, out, err);
+}
+
+int
+target_get_backend_read_only (struct target *ti, const char *spec,
+                              uint64_t start, uint64_t len,
+                              struct backend **out, struct mapper_err *err)
+{
+  return get_backend (ti, spec, start, len, true, true, out, err);
+}
+
+int
+target_get_path (struct target *ti, const char *spec, uint64_t start,
+                 uint64_t len, struct backend **out, struct mapper_err *err)
+{
+  return get_backend (ti, spec, start, len, false, false, out, err);
 }
 
 /* Merge the backends' and targets' capabilities into the table's. */
@@ -282,6 +296,7 @@ table_free (struct table *t)
     backend_put (t->backends.ptr[i]);
   backend_vector_reset (&t->backends);
   backend_vector_reset (&t->read_only_uses);
+  backend_vector_reset (&t->flushed);
   stack_use_vector_reset (&t->stack_uses);
   free (t->targets);
   free (t->ends);
@@ -530,8 +545,10 @@ table_parse (const char *text, const char *origin, struct table **out,
     r = -ENOMEM;
     goto err;
   }
-  for (size_t i = 0; i < t->nr_targets; i++)
+  for (size_t i = 0; i < t->nr_targets; i++) {
     t->nr_flush_hooks += t->targets[i].type->flush != NULL;
+    t->nr_path_flushers += t->targets[i].type->paths;
+  }
   table_merge_caps (t);
   string_vector_reset (&words);
   *out = t;
@@ -722,6 +739,25 @@ table_postsuspend (struct table *t)
   for (size_t i = 0; i < t->nr_targets; i++)
     if (t->targets[i].type->postsuspend)
       t->targets[i].type->postsuspend (&t->targets[i]);
+}
+
+/* Suspend's flush of the paths of targets that flush their own
+ * (target_type.paths): their flush hooks.
+ */
+int
+table_flush_paths (struct table *t)
+{
+  struct io_req req;
+  int r = 0;
+
+  if (t->nr_path_flushers == 0)
+    return 0;
+  io_req_init (&req, IO_FLUSH, 0);
+  for (size_t i = 0; i < t->nr_targets && r == 0; i++)
+    if (t->targets[i].type->paths)
+      r = t->targets[i].type->flush (&t->targets[i], &req);
+  io_req_release (&req);
+  return r;
 }
 
 /* Called for each device flush of a table with nr_flush_hooks > 0. */

@@ -188,6 +188,21 @@ backend_name (const struct backend *be)
   return be->name;
 }
 
+const struct mapper_caps *
+backend_caps (const struct backend *be)
+{
+  return &be->caps;
+}
+
+bool
+backend_abandon (struct backend *be, void *owner)
+{
+  if (be->ops->abandon == NULL)
+    return false;
+  be->ops->abandon (be, owner);
+  return true;
+}
+
 int
 backend_extents (struct backend *be, uint64_t offset, uint64_t len,
                  bool req_one, mapper_extent_fn fn, void *opaque)

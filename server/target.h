@@ -144,6 +144,11 @@ struct target_type {
    */
   int (*check_lower) (struct target *ti, struct backend *be,
                       const struct table *t, struct mapper_err *err);
+  /* The target's backends are paths (target_get_path): its flush hook
+   * makes their writes durable, for device flushes and for suspend's
+   * flush alike (multipath).
+   */
+  bool paths;
 };
 
 /* --- constructors --------------------------------------------------- */
@@ -164,6 +169,15 @@ int target_get_backend_read_only (struct target *ti, const char *spec,
                                   uint64_t start, uint64_t len,
                                   struct backend **out,
                                   struct mapper_err *err);
+/* table.c: target_get_backend for a backend the target flushes itself
+ * (a multipath path, see target_type.paths): the table holds it, but
+ * device flushes, suspend's flush and the error stamps (flush.c) leave
+ * it to the target's flush hook.  A backend another target of the
+ * table also gets with target_get_backend is flushed as usual.
+ */
+int target_get_path (struct target *ti, const char *spec, uint64_t start,
+                     uint64_t len, struct backend **out,
+                     struct mapper_err *err);
 
 /* table.c: zeroed memory for the target's private struct (needing at
  * most 8-byte alignment), inside ti itself when it fits, else from
@@ -274,6 +288,13 @@ size_t target_emit (char *buf, size_t len, size_t used, const char *fmt,
 
 /* target.c: what targets may know of a backend and of their table. */
 const char *backend_name (const struct backend *be);  /* for people */
+/* Its size, capabilities and block sizes. */
+const struct mapper_caps *backend_caps (const struct backend *be);
+/* Give up be's clones whose end_io_ctx is owner (backend.h's abandon
+ * op): false if be's kind cannot (local files and stacked devices,
+ * whose clones complete where they are).
+ */
+bool backend_abandon (struct backend *be, void *owner);
 /* The table's origin (file name), for log lines. */
 const char *target_origin (const struct target *ti);
 
@@ -315,9 +336,25 @@ uint32_t io_req_flags (const struct io_req *req);   /* target.c */
  * mapped) gets end_io(c, ..., -ECANCELED) and must not be retried then.
  */
 #define CLONE_RETRY 1
+/* end_io may also return CLONE_REMAP when it cannot choose where the
+ * clone goes next without waiting (a multipath with no path left, queue
+ * _if_no_path): the thread waiting for the request then calls the remap
+ * hook given to io_emit_remap, which may block (request_wait) and
+ * returns 0 after clone_retry, or the error the request should see.
+ */
+#define CLONE_REMAP 2
+typedef int (*clone_remap_fn) (struct clone *c, void *ctx, uint64_t arg);
 int io_emit_end_io (struct io_req *req, struct backend *be, uint64_t offset,
                     uint64_t len, char *buf, clone_end_io_fn end_io,
                     void *ctx, uint64_t arg);
+/* io.c: io_emit_end_io with a remap hook (CLONE_REMAP).  The clone fails
+ * fast: a remote backend that loses the connection carrying it, or has
+ * none up, fails it at once rather than holding it for a reconnection,
+ * since the target has somewhere else to send it.
+ */
+int io_emit_remap (struct io_req *req, struct backend *be, uint64_t offset,
+                   uint64_t len, char *buf, clone_end_io_fn end_io,
+                   clone_remap_fn remap, void *ctx, uint64_t arg);
 /* target.c: for end_io.  Where the clone went (backend coordinates),
  * and, for CLONE_RETRY, where it goes next (its buffer, length and
  * operation stay) with the arg its next end_io gets.
@@ -338,6 +375,14 @@ int io_sync (enum io_op op, struct backend *be, uint64_t offset,
  * several targets wait for the longest delay, not the sum.
  */
 uint64_t io_req_start_ns (struct io_req *req);
+/* io.c: io_sync through a completion hook (its CLONE_RETRY and
+ * CLONE_REMAP are not allowed), failing fast as io_emit_remap's clones:
+ * for I/O of the target's own that backend_abandon must be able to give
+ * up (multipath's probes and flushes: ctx is the owner).  0 or -errno.
+ */
+int io_sync_end_io (enum io_op op, struct backend *be, uint64_t offset,
+                    uint64_t len, char *buf, clone_end_io_fn end_io,
+                    void *ctx, uint64_t arg);
 
 /* bounce.c: per-thread scratch buffers for transformed data (the
  * client's write buffer is const).  bounce_get returns at least len

@@ -439,6 +439,21 @@ netns_new ()
     ip -n "$1" link set lo up
 }
 
+# netns_veth NSA NSB ADDR_A ADDR_B: two namespaces (netns_new) joined by
+# a veth pair, va in NSA with ADDR_A/30 and vb in NSB with ADDR_B/30,
+# both up; skips (77) where a veth pair cannot be made.
+netns_veth ()
+{
+    netns_new "$1"
+    netns_new "$2"
+    netns_skip "create a veth pair" \
+        ip -n "$1" link add va type veth peer name vb netns "$2"
+    ip -n "$1" addr add "$3/30" dev va
+    ip -n "$2" addr add "$4/30" dev vb
+    ip -n "$1" link set va up
+    ip -n "$2" link set vb up
+}
+
 # stop_pidfile PIDFILE [SIGNAL]: stop_server's work: stop the server whose
 # pid is in PIDFILE (SIGTERM unless told) and remove the file; wait until
 # it is gone (or a zombie: a daemon's parent is init, which may be slow to

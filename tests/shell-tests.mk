@@ -37,6 +37,10 @@ SHELL_TESTS = \
 	test-remote-errseq.sh \
 	test-remote-loss-elsewhere.sh \
 	test-remote-netns.sh \
+	test-multipath.sh \
+	test-multipath-nopath.sh \
+	test-multipath-groups.sh \
+	test-multipath-netns.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \
 	test-remote-lookup.sh \

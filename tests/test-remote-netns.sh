@@ -41,14 +41,7 @@ requires timeout --version
 nsa=nbdm-a-$$ nsb=nbdm-b-$$
 addr_a=10.77.0.1 addr_b=10.77.0.2 port=10809   # private to the namespaces
 
-netns_new "$nsa"
-netns_new "$nsb"
-netns_skip "create a veth pair" \
-    ip -n "$nsa" link add va type veth peer name vb netns "$nsb"
-ip -n "$nsa" addr add "$addr_a/30" dev va
-ip -n "$nsb" addr add "$addr_b/30" dev vb
-ip -n "$nsa" link set va up
-ip -n "$nsb" link set vb up
+netns_veth "$nsa" "$nsb" "$addr_a" "$addr_b"
 
 # link NS DEV up|down
 link () { ip -n "$1" link set "$2" "$3"; }

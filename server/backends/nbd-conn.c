@@ -6,7 +6,8 @@
  *
  * A dropped connection is reopened with back-off; its commands go back
  * to the backend's wait list, to be issued again on whichever connection
- * comes up first (nbd.c), except flushes, whose writes may be gone.
+ * comes up first (nbd.c), except flushes, whose writes may be gone, and
+ * fail-fast clones (CLONE_FAILFAST: a multipath's), which fail at once.
  * Every lost connection may have lost acknowledged writes:
  * backend_writes_lost() makes the next flush fail.  A reconnection must
  * keep what the first handshake promised (size, capabilities, block
@@ -218,7 +219,10 @@ nbd_conn_drop (struct nbd_conn *conn, const char *why)
   while ((cmd = conn->inflight.head) != NULL) {
     list_remove (&conn->inflight, cmd);
     cmd->conn = NULL;
-    if ((cmd->c && cmd->c->op == IO_FLUSH) || now >= cmd->deadline) {
+    /* A fail-fast clone goes elsewhere at once (its multipath). */
+    if ((cmd->c && (cmd->c->op == IO_FLUSH ||
+                    (cmd->c->flags & CLONE_FAILFAST))) ||
+        now >= cmd->deadline) {
       if (now >= cmd->deadline)
         nb->nr_timeouts++;
       nbd_cmd_complete (cmd, -EIO);

@@ -367,8 +367,12 @@ nbd_pump (struct nbd_backend *nb)
       continue;
     }
     if (conn == NULL) {
+      /* No connection up: a fail-fast clone fails now (its multipath
+       * sends it elsewhere), the others wait out the timeout.
+       */
       if (nb->down_since &&
-          ev_now (ioloop_ev ()) - nb->down_since >= nb->timeout) {
+          ((cmd->c && (cmd->c->flags & CLONE_FAILFAST)) ||
+           ev_now (ioloop_ev ()) - nb->down_since >= nb->timeout)) {
         list_remove (&nb->waiting, cmd);
         nb->nr_timeouts++;
         nbd_cmd_complete (cmd, -EIO);
@@ -614,6 +618,59 @@ nbd_status (struct backend *be, char *buf, size_t len)
   return s.used;
 }
 
+struct abandon_call {
+  struct nbd_backend *nb;
+  void *owner;
+};
+
+static bool
+owned (const struct nbd_cmd *cmd, const void *owner)
+{
+  return cmd->c && cmd->c->end_io_ctx == owner;
+}
+
+/* In the loop: close the connections first (libnbd then lets go of the
+ * buffers of their commands: the late reply of a read must never land in
+ * a client buffer reissued elsewhere and completed), which puts their
+ * commands back on the wait list; then fail owner's, the others are
+ * issued again as after any lost connection.  Every connection goes, not
+ * only those carrying owner's commands: the others reach the same server
+ * over the same network, and one that lived through a cut link may sit
+ * on a backed-off retransmission for seconds once the link is back,
+ * stalling the path again as soon as it is reinstated.
+ */
+static void
+abandon_run (void *arg)
+{
+  struct abandon_call *a = arg;
+  struct nbd_backend *nb = a->nb;
+  struct nbd_cmd *cmd, *next;
+
+  /* Never used by this loop (or no loop runs): nothing is issued. */
+  if (nb->attached_gen != ioloop_generation () || !ioloop_in_loop_thread ())
+    return;
+  for (unsigned i = 0; i < nb->nr_conns; i++)
+    if (nb->conns[i].state == CONN_UP)
+      nbd_conn_drop (&nb->conns[i], "abandoned (multipath path timeout)");
+  for (cmd = nb->waiting.head; cmd; cmd = next) {
+    next = cmd->next;
+    if (owned (cmd, a->owner)) {
+      list_remove (&nb->waiting, cmd);
+      nb->nr_timeouts++;
+      nbd_cmd_complete (cmd, -EIO);
+    }
+  }
+  nbd_pump (nb);
+}
+
+static void
+nbd_abandon (struct backend *be, void *owner)
+{
+  struct abandon_call a = { .nb = NB (be), .owner = owner };
+
+  ioloop_call (abandon_run, &a);
+}
+
 static void
 detach_run (void *arg)
 {
@@ -664,6 +721,7 @@ static const struct backend_ops nbd_ops = {
   .extents = nbd_extents,
   .get_size = nbd_get_size_op,
   .status = nbd_status,
+  .abandon = nbd_abandon,
   .close = nbd_close_op,
 };
 
