@@ -265,6 +265,17 @@ holder_check_one (struct device *holder, bool inactive,
                     hc->lower->name);
     return -EBUSY;
   }
+  /* What the holder's targets themselves need of it (thin: its pool). */
+  for (size_t i = 0; i < ht->nr_targets; i++) {
+    struct target *ti = &ht->targets[i];
+    int r;
+    if (ti->type->check_lower &&
+        (r = ti->type->check_lower (ti, u->be, hc->t, hc->err)) < 0) {
+      mapper_err_prefix (hc->err, "device '%s' (its %s table)", holder->name,
+                         inactive ? "inactive" : "live");
+      return r;
+    }
+  }
   /* The same for writes: the holder would pass them on to get EPERM. */
   if (ht->caps.can_write && !c->can_write) {
     mapper_err_set (hc->err, "device '%s' writes to " DEVICE_BACKEND_PREFIX

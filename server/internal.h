@@ -178,6 +178,10 @@ struct table {
   bool has_flush_failed;        /* some target has flush_failed() */
   bool read_only;               /* table_set_read_only: no writes */
   backend_vector backends;      /* distinct, each referenced once */
+  /* Those of backends that only target_get_backend_read_only asked for
+   * (no reference of their own): left out of the write capabilities.
+   */
+  backend_vector read_only_uses;
   /* Those of backends the engine flushes (and looks at the error stamps
    * of): all but the paths of targets that flush their own
    * (target_get_path).  No references of its own.

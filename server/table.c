@@ -133,10 +133,22 @@ note_stack_use (struct table *t, struct backend *be, uint64_t end,
   return 0;
 }
 
+/* Is be in t's read-only uses (target_get_backend_read_only)?  Its
+ * index there, or -1.
+ */
+static ssize_t
+read_only_index (const struct table *t, const struct backend *be)
+{
+  for (size_t i = 0; i < t->read_only_uses.len; i++)
+    if (t->read_only_uses.ptr[i] == be)
+      return i;
+  return -1;
+}
+
 static int
 get_backend (struct target *ti, const char *spec, uint64_t start,
-             uint64_t len, bool flushed, struct backend **out,
-             struct mapper_err *err)
+             uint64_t len, bool flushed, bool read_only,
+             struct backend **out, struct mapper_err *err)
 {
   struct table *t = ti->table;
   struct backend *be;
@@ -179,13 +191,24 @@ get_backend (struct target *ti, const char *spec, uint64_t start,
     mapper_err_set (err, "out of memory");
     return r;
   }
-  /* The table keeps one reference per distinct backend. */
+  /* The table keeps one reference per distinct backend.  A backend
+   * only read through (an external origin) does not make the table
+   * read-only: it is in read_only_uses until a target asks to write it.
+   */
   for (i = 0; i < t->backends.len; i++)
     if (t->backends.ptr[i] == be)
       break;
-  if (i < t->backends.len)
+  if (i < t->backends.len) {
+    ssize_t k = read_only_index (t, be);
     backend_put (be);
-  else if (backend_vector_append (&t->backends, be) == -1) {
+    if (!read_only && k >= 0)
+      backend_vector_remove (&t->read_only_uses, k);
+  }
+  else if (backend_vector_append (&t->backends, be) == -1 ||
+           (read_only &&
+            backend_vector_append (&t->read_only_uses, be) == -1)) {
+    if (t->backends.len && t->backends.ptr[t->backends.len - 1] == be)
+      t->backends.len--;
     backend_put (be);
     mapper_err_set (err, "out of memory");
     return -ENOMEM;
@@ -209,14 +232,22 @@ target_get_backend (struct target *ti, const char *spec, uint64_t start,
                     uint64_t len, struct backend **out,
                     struct mapper_err *err)
 {
-  return get_backend (ti, spec, start, len, true, out, err);
+  return get_backend (ti, spec, start, len, true, false, out, err);
+}
+
+int
+target_get_backend_read_only (struct target *ti, const char *spec,
+                              uint64_t start, uint64_t len,
+                              struct backend **out, struct mapper_err *err)
+{
+  return get_backend (ti, spec, start, len, true, true, out, err);
 }
 
 int
 target_get_path (struct target *ti, const char *spec, uint64_t start,
                  uint64_t len, struct backend **out, struct mapper_err *err)
 {
-  return get_backend (ti, spec, start, len, false, out, err);
+  return get_backend (ti, spec, start, len, false, false, out, err);
 }
 
 /* Merge the backends' and targets' capabilities into the table's. */
@@ -237,11 +268,13 @@ table_merge_caps (struct table *t)
     t->has_flush_failed |= t->targets[i].type->flush_failed != NULL;
   for (size_t i = 0; i < t->backends.len; i++) {
     const struct mapper_caps *b = &t->backends.ptr[i]->caps;
-    c->can_write &= b->can_write;
     c->can_flush &= b->can_flush;
-    c->can_trim &= b->can_trim;
-    c->can_zero &= b->can_zero;
-    c->can_fast_zero &= b->can_fast_zero;
+    if (read_only_index (t, t->backends.ptr[i]) < 0) {
+      c->can_write &= b->can_write;
+      c->can_trim &= b->can_trim;
+      c->can_zero &= b->can_zero;
+      c->can_fast_zero &= b->can_fast_zero;
+    }
     c->can_extents &= b->can_extents;
     c->can_multi_conn &= b->can_multi_conn;
     c->block_min = MAX (c->block_min, b->block_min);
@@ -262,6 +295,7 @@ table_free (struct table *t)
   for (size_t i = 0; i < t->backends.len; i++)
     backend_put (t->backends.ptr[i]);
   backend_vector_reset (&t->backends);
+  backend_vector_reset (&t->read_only_uses);
   backend_vector_reset (&t->flushed);
   stack_use_vector_reset (&t->stack_uses);
   free (t->targets);

@@ -29,6 +29,59 @@ target_emit (char *buf, size_t len, size_t used, const char *fmt, ...)
   return used + (n > 0 ? n : 0);
 }
 
+/* --- backends and peers -------------------------------------------- */
+
+void
+target_backend_hold (struct backend *be)
+{
+  backend_hold (be);
+}
+
+void
+target_backend_put (struct backend *be)
+{
+  backend_put (be);
+}
+
+int
+target_backend_size (struct backend *be, uint64_t *size)
+{
+  return be->ops->get_size (be, size);
+}
+
+int
+target_flush_backend (struct backend *be)
+{
+  return io_flush_backends (&be, 1);
+}
+
+int
+target_table_find (const struct table *t, const char *type_name,
+                   int (*fn) (struct target *peer, void *opaque),
+                   void *opaque)
+{
+  for (size_t i = 0; t && i < t->nr_targets; i++) {
+    int r;
+    if (strcmp (t->targets[i].type->name, type_name) == 0 &&
+        (r = fn (&t->targets[i], opaque)) != 0)
+      return r;
+  }
+  return -ENOENT;
+}
+
+int
+target_find_peer (struct backend *be, const char *type_name,
+                  int (*fn) (struct target *peer, void *opaque),
+                  void *opaque)
+{
+  struct device *dev = backend_lower_device (be);
+
+  if (dev == NULL)
+    return -ENODEV;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  return target_table_find (dev->live, type_name, fn, opaque);
+}
+
 /* --- errors --------------------------------------------------------- */
 
 void

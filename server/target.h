@@ -135,6 +135,15 @@ struct target_type {
    */
   int (*start) (struct mapper_err *err);
   void (*stop) (void);
+  /* Optional: the device that backend be of this target stacks on
+   * (mapper:NAME) is about to get table t as its live table (the holder
+   * checks of resume and replace, device-stack.c).  0 if the target can
+   * live with it, else -EBUSY with err filled: the change is refused.
+   * thin: t must still hold the thin's pool.  Under the locks of both
+   * devices: only look at t (target_table_find).
+   */
+  int (*check_lower) (struct target *ti, struct backend *be,
+                      const struct table *t, struct mapper_err *err);
   /* The target's backends are paths (target_get_path): its flush hook
    * makes their writes durable, for device flushes and for suspend's
    * flush alike (multipath).
@@ -152,6 +161,14 @@ int target_get_backend (struct target *ti, const char *spec,
                         uint64_t start, uint64_t len,
                         struct backend **out, struct mapper_err *err);
 
+/* table.c: the same for a backend the target only ever reads (thin's
+ * external origin): a read-only backend does not make the table
+ * read-only, unless another target of the table writes to it.
+ */
+int target_get_backend_read_only (struct target *ti, const char *spec,
+                                  uint64_t start, uint64_t len,
+                                  struct backend **out,
+                                  struct mapper_err *err);
 /* table.c: target_get_backend for a backend the target flushes itself
  * (a multipath path, see target_type.paths): the table holds it, but
  * device flushes, suspend's flush and the error stamps (flush.c) leave
@@ -220,6 +237,40 @@ int target_read_group (const char *what, unsigned min, unsigned max,
  */
 void mapper_err_prefix (struct mapper_err *err, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
+
+/* target.c: for targets whose state outlives one table (thin-pool's pool
+ * object, shared by every reload of the pool device and by the thin
+ * devices bound to it, as dm keys a pool by its device): a reference to
+ * be of their own, beyond the table's (target_backend_put drops it; the
+ * last reference closes the backend).
+ */
+void target_backend_hold (struct backend *be);
+void target_backend_put (struct backend *be);
+/* target.c: be's size in bytes.  0 or -errno. */
+int target_backend_size (struct backend *be, uint64_t *size);
+/* target.c: make every write completed on be so far durable (flush.c's
+ * coalesced flush: nothing to do when be is clean).  0 or -errno.
+ */
+int target_flush_backend (struct backend *be);
+/* target.c: be stacks on a device (mapper:NAME, target_get_backend): call
+ * fn on each target of type type_name in that device's live table until
+ * one returns nonzero (target_table_find),
+ * under the device's lock (so the table cannot be swapped meanwhile: fn
+ * takes a reference on whatever it keeps, and takes only leaf locks).
+ * A thin target binds to its pool so (dm's dm_get_md + __pool_table_lookup).
+ * fn's nonzero result, -ENODEV if be stacks on no device, -ENOENT if
+ * no target of the live table (or its absence) made fn say so.
+ */
+int target_find_peer (struct backend *be, const char *type_name,
+                      int (*fn) (struct target *peer, void *opaque),
+                      void *opaque);
+/* target.c: call fn on each target of type type_name in t until one
+ * returns nonzero: that result, or -ENOENT.  The caller holds t
+ * (check_lower's).
+ */
+int target_table_find (const struct table *t, const char *type_name,
+                       int (*fn) (struct target *peer, void *opaque),
+                       void *opaque);
 
 /* --- status --------------------------------------------------------- */
 

@@ -46,3 +46,23 @@ steady ()
     done
     echo "$last"
 }
+
+# ev NAME: the device's event number.
+ev () { ms info "$1" | sed -n 's/^Event number: *//p'; }
+
+# thin_pool MD_SIZE DATA_SIZE LOW_WATER [FEATURE...]: the thin tests' pool:
+# files $md and $data of those sizes, a server (log in $tmpdir/log, its
+# tables in $tmpdir/tables) and on it device "pool", a thin-pool of
+# 64 KiB blocks over all of $data, with thin volume 1 created in it.
+thin_pool ()
+{
+    local low=$3 features=
+    md=$(mkfile md.img "$1")
+    data=$(mkfile data.img "$2")
+    mkdir -p "$tmpdir/tables"
+    start_server --stderr "$tmpdir/log" ctl -f mapper tables="$tmpdir/tables"
+    shift 3
+    [ $# -eq 0 ] || features=" $# $*"
+    ms create pool --table "0 $(( $(stat -c %s "$data") / 512 )) thin-pool $md $data 128 $low$features"
+    ms message pool 0 create_thin 1
+}

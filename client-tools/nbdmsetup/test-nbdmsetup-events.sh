@@ -9,8 +9,6 @@
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 
-# ev NAME: the device's event number.
-ev () { ms info "$1" | sed -n 's/^Event number: *//p'; }
 # waits NAME EVENT_NR: nbdmsetup wait must return (not time out) with a
 # number above EVENT_NR.
 waits ()
