@@ -236,6 +236,14 @@ clone_retry (struct clone *c, struct backend *be, uint64_t offset,
   c->be = be;
   c->offset = offset;
   c->end_io_arg = arg;
+  /* FUA as io_emit_end_io sets it, for the new backend: native where it
+   * has it, else cleared and emulated after completion.  The first
+   * backend's choice would make a write to a native-FUA backend that
+   * was emitted for one without skip its FUA altogether.
+   */
+  c->flags &= ~MAPPER_FUA;
+  if (be->caps.can_fua)
+    c->flags |= c->req->flags & MAPPER_FUA;
 }
 
 bool
