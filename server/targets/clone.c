@@ -1198,10 +1198,15 @@ clone_message (struct target *ti, unsigned argc, char **argv, char *reply,
   uint64_t v;
   int r;
 
-  if (argc == 1 && strcmp (argv[0], "enable_hydration") == 0)
-    atomic_store (&c->hydration_enabled, true);
-  else if (argc == 1 && strcmp (argv[0], "disable_hydration") == 0)
-    atomic_store (&c->hydration_enabled, false);
+  if (argc >= 1 && (strcmp (argv[0], "enable_hydration") == 0 ||
+                    strcmp (argv[0], "disable_hydration") == 0)) {
+    if (argc != 1) {
+      mapper_err_set (err, "%s takes no arguments, got %u", argv[0],
+                      argc - 1);
+      return -EINVAL;
+    }
+    atomic_store (&c->hydration_enabled, argv[0][0] == 'e');
+  }
   else if (argc >= 1 && strcmp (argv[0], "hydration_threshold") == 0)
     arg = &threshold_arg;
   else if (argc >= 1 && strcmp (argv[0], "hydration_batch_size") == 0)
