@@ -78,7 +78,8 @@ struct clone_state {
   unsigned hydrating;             /* regions the workers copy now */
   uint64_t cursor;                /* where the workers look next */
   bool done_reported;
-  bool failed;                    /* metadata failed: read-only, Fail */
+  _Atomic bool failed;            /* metadata failed: Fail (map reads it
+                                   * unlocked) */
   struct clone_c *bound;          /* the live target, while resumed */
   bool stop;                      /* workers: exit */
   unsigned nr_workers;
