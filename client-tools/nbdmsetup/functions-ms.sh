@@ -66,3 +66,15 @@ thin_pool ()
     ms create pool --table "0 $(( $(stat -c %s "$data") / 512 )) thin-pool $md $data 128 $low$features"
     ms message pool 0 create_thin 1
 }
+
+# clone_hydrated NAME REGIONS: wait (at most 60 s) until the clone target
+# of NAME shows REGIONS/REGIONS hydrated; fail the test otherwise.
+clone_hydrated ()
+{
+    local i
+    for (( i = 0; i < 600; i++ )); do
+        ms status "$1" | grep -q " $2/$2 " && return 0
+        sleep 0.1
+    done
+    die "$1: not hydrated: $(ms status "$1")"
+}

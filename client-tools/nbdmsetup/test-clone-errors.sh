@@ -127,10 +127,7 @@ ms status c | grep -q ' 8 68/1024 ' || die "discards: $(ms status c)"
 kb=$(du -k "$dest" | cut -f1)
 [ "$kb" -le $((4096 - 256)) ] || die "discards not passed down: $kb KiB"
 ms message c 0 enable_hydration
-for (( i = 0; i < 100; i++ )); do
-    ms status c | grep -q ' 1024/1024 ' && break
-    sleep 0.1
-done
+clone_hydrated c 1024
 ms status c | grep -Eq ' 1024/1024 0 0 4 ' || die "hydration: $(ms status c)"
 ms remove c
 

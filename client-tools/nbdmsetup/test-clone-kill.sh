@@ -57,11 +57,7 @@ python3 "$torture" check "$sock" c $slot $nslots "$tmpdir/state.json" "$src" ||
     die "flushed writes lost at the end"
 ms message c 0 hydration_threshold 256
 ms message c 0 hydration_batch_size 64
-for (( i = 0; i < 600; i++ )); do
-    ms status c | grep -q ' 1024/1024 ' && break
-    sleep 0.1
-done
-ms status c | grep -q ' 1024/1024 ' || die "hydration did not complete: $(ms status c)"
+clone_hydrated c 1024
 nbdsh -u "nbd+unix:///c?socket=$sock" -c '
 open("'"$tmpdir/seen"'", "wb").write(h.pread(8 << 20, 0))
 '

@@ -485,6 +485,15 @@ start_workers_locked (struct clone_state *s)
   }
 }
 
+/* Is c the target s runs for (with its workers, if running)? */
+static bool
+is_bound (struct clone_state *s, struct clone_c *c, bool running)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&s->lock);
+
+  return s->bound == c && (!running || s->nr_workers > 0);
+}
+
 static void
 clone_resume (struct target *ti)
 {
@@ -492,12 +501,8 @@ clone_resume (struct target *ti)
   struct clone_state *s = c->s;
   bool up;
 
-  pthread_mutex_lock (&s->lock);
-  if (s->bound == c && s->nr_workers) {
-    pthread_mutex_unlock (&s->lock);
+  if (is_bound (s, c, true))
     return;
-  }
-  pthread_mutex_unlock (&s->lock);
   stop_workers (s);             /* another table's (a replace) */
   pthread_mutex_lock (&states_lock);
   up = engine_up;
@@ -514,12 +519,8 @@ clone_postsuspend (struct target *ti)
 {
   struct clone_c *c = ti->private;
   struct clone_state *s = c->s;
-  bool mine;
 
-  pthread_mutex_lock (&s->lock);
-  mine = s->bound == c;
-  pthread_mutex_unlock (&s->lock);
-  if (!mine)
+  if (!is_bound (s, c, false))
     return;
   stop_workers (s);
   /* dm's postsuspend commits: a suspended clone's hydrated regions are
