@@ -104,6 +104,18 @@ ms create c --table "$t $md $dest $src 8 1 no_hydration"
 ms status c | grep -q ' 8 3/1024 0 1 no_hydration 4 hydration_threshold 1 hydration_batch_size 1 rw$' ||
     die "status: $(ms status c)"
 
+# A reload on the same metadata: another destination or geometry is
+# refused; other core arguments keep the hydrated regions.
+dest2=$(mkfile dest2.img 4M)
+fails 'metadata device .* is in use by a clone onto destination .*dest.img' \
+    ms reload c --table "$t $md $dest2 $src 8"
+fails 'metadata device .* is in use by a clone of 8192 sectors with regions of 8 sectors' \
+    ms reload c --table "$t $md $dest $src 16"
+ms reload c --table "$t $md $dest $src 8 1 no_hydration 2 hydration_batch_size 2"
+ms resume c
+ms status c | grep -q ' 8 3/1024 0 1 no_hydration 4 hydration_threshold 1 hydration_batch_size 2 rw$' ||
+    die "status after a reload: $(ms status c)"
+
 # Messages.
 fails "unrecognised message 'hydrate' with 0 arguments" ms message c 0 hydrate
 fails 'enable_hydration takes no arguments, got 1' ms message c 0 enable_hydration now
