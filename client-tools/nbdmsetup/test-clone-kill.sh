@@ -26,6 +26,16 @@ stop_server ctl
 torture=$top_srcdir/tests/clone_torture.py
 slot=12288 nslots=340     # the first half: the workers alone hydrate the rest
 hydrated () { ms status c | awk '{ split($7, a, "/"); print a[1] }'; }
+# gen: the highest generation the writer has started to write
+gen ()
+{
+    python3 -c 'import json, sys
+try:
+    print(max(json.load(open(sys.argv[1]))["written"]))
+except FileNotFoundError:
+    print(0)' "$tmpdir/state.json"
+}
+wrote_since () { [ "$(gen)" -gt "$1" ]; }
 RANDOM=${SEED:-16}
 last=0
 for round in 1 2 3 4 5 6; do
@@ -38,9 +48,14 @@ for round in 1 2 3 4 5 6; do
         python3 "$torture" check "$sock" c $slot $nslots "$tmpdir/state.json" "$src" ||
             { cat "$tmpdir/log$((round - 1))"; die "round $round: flushed writes lost"; }
     fi
+    gen0=$(gen)
     python3 "$torture" write "$sock" c $slot $nslots $round \
             "$tmpdir/state.json" > "$tmpdir/writer$round" 2>&1 &
     writer=$!
+    # The kill comes after the writer's first write (connected: a slow,
+    # sanitized server takes a while to start).
+    wait_for wrote_since "$gen0" ||
+        { cat "$tmpdir/writer$round"; die "round $round: the writer wrote nothing"; }
     sleep "0.$((RANDOM % 9 + 1))$((RANDOM % 10))"
     stop_server ctl KILL
     wait $writer || :
