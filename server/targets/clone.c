@@ -1106,8 +1106,18 @@ clone_map (struct target *ti, struct io_req *req, uint64_t off, uint64_t len,
                           r << 24 | n);
     else
       e = io_emit (req, c->dest_be, pos, next - pos, buf_at (buf, pos - off));
-    if (e < 0)
+    if (e < 0) {
+      /* The regions made busy above and not emitted yet are not being
+       * overwritten after all (the emitted ones get their end_io).
+       */
+      pthread_mutex_lock (&s->lock);
+      for (uint64_t i = r; i <= last; i++)
+        if (bit_test (s->busy, i) && !bit_test (s->map, i))
+          bit_clear (s->busy, i);
+      pthread_cond_broadcast (&s->cond);
+      pthread_mutex_unlock (&s->lock);
       return e;
+    }
     pos = next;
   }
   return 0;
