@@ -48,6 +48,7 @@
 #include "target.h"
 #include "util.h"
 #include "pdata/clone-metadata.h"
+#include "pdata-dev.h"
 
 #define MIN_REGION_SECTORS 8ull           /* 4 KiB */
 #define MAX_REGION_SECTORS 2097152ull     /* 1 GiB */
@@ -126,29 +127,6 @@ bit_clear (uint64_t *m, uint64_t i)
 }
 
 /* --- metadata ----------------------------------------------------------- */
-
-static int
-md_read (void *opaque, uint64_t offset, size_t len, void *buf)
-{
-  return io_sync (IO_READ, opaque, offset, len, buf, 0);
-}
-
-static int
-md_write (void *opaque, uint64_t offset, size_t len, const void *buf)
-{
-  /* io_sync does not write through buf; its type is shared with reads. */
-  return io_sync (IO_WRITE, opaque, offset, len, (char *) buf, 0);
-}
-
-static int
-md_flush (void *opaque)
-{
-  return target_flush_backend (opaque);
-}
-
-static const struct pd_blockdev_ops md_ops = {
-  .read = md_read, .write = md_write, .flush = md_flush,
-};
 
 /* Mark regions [r, r+n) hydrated (s->lock held). */
 static void
@@ -644,7 +622,7 @@ state_get (struct clone_c *c, uint64_t md_size, struct mapper_err *err)
   }
   s->md_be = c->md_be;
   s->dest_be = c->dest_be;
-  s->pdev = (struct pd_blockdev) { .ops = &md_ops, .opaque = c->md_be,
+  s->pdev = (struct pd_blockdev) { .ops = &target_pd_blockdev_ops, .opaque = c->md_be,
                                    .size = md_size };
   s->len = c->ti->len;
   s->region_sectors = c->region_sectors;

@@ -30,6 +30,7 @@
 #include "target.h"
 #include "util.h"
 #include "thin.h"
+#include "pdata-dev.h"
 
 /* Cached 4 KiB metadata blocks per pool: 16 MiB, a million mappings'
  * leaves fit (pool_md_open).
@@ -387,29 +388,6 @@ pool_cell (struct pool *p, uint64_t dev_id, uint64_t block)
 
 /* --- pool objects ------------------------------------------------------ */
 
-static int
-md_read (void *opaque, uint64_t offset, size_t len, void *buf)
-{
-  return io_sync (IO_READ, opaque, offset, len, buf, 0);
-}
-
-static int
-md_write (void *opaque, uint64_t offset, size_t len, const void *buf)
-{
-  /* io_sync does not write through buf; its type is shared with reads. */
-  return io_sync (IO_WRITE, opaque, offset, len, (char *) buf, 0);
-}
-
-static int
-md_flush (void *opaque)
-{
-  return target_flush_backend (opaque);
-}
-
-static const struct pd_blockdev_ops md_ops = {
-  .read = md_read, .write = md_write, .flush = md_flush,
-};
-
 static void
 pool_free (struct pool *p)
 {
@@ -489,7 +467,7 @@ pool_create (struct pool_c *pc, uint64_t md_size, struct mapper_err *err)
     return -ENOMEM;
   }
   p->md_be = pc->md_be;
-  p->pdev = (struct pd_blockdev) { .ops = &md_ops, .opaque = pc->md_be,
+  p->pdev = (struct pd_blockdev) { .ops = &target_pd_blockdev_ops, .opaque = pc->md_be,
                                    .size = md_size };
   p->block_sectors = pc->block_sectors;
   p->block_bytes = (uint64_t) pc->block_sectors << MAPPER_SECTOR_SHIFT;
