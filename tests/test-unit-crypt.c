@@ -565,6 +565,7 @@ test_xts_alone_one (const char *mode, size_t key_len, uint64_t ss,
     atomic_store (&x->slots[i].busy, false);
   xts_destroy (x);
   CHECK (unit_is_zero (x->key, sizeof x->key));   /* wiped */
+  CHECK (unit_is_zero (x->rk, sizeof x->rk));     /* the round keys too */
   CHECK (x->slots[0].ctx[XTS_CTX_ENC] == NULL);
   free (x);
   free (plain);
@@ -954,9 +955,9 @@ main (void)
     test_concurrent_rmw ();
     test_many_threads ("");
     test_many_threads ("1 sector_size:4096");
+    test_messages ();
   }
   test_bounce ();
-  test_messages ();
   free (A);
   free (B);
   UNIT_EXIT ();
