@@ -269,33 +269,18 @@ xts_vaes_run (const struct crypt_xts *x, bool enc, unsigned rounds,
 /* One function per direction and key size, so that the rounds are
  * unrolled with constants.
  */
-XTS_VAES_TARGET static void
-xts_vaes_enc10 (const struct crypt_xts *x, uint64_t toff,
-                const unsigned char *in, unsigned char *out, uint64_t len)
-{
-  xts_vaes_run (x, true, 10, toff, in, out, len);
-}
-
-XTS_VAES_TARGET static void
-xts_vaes_dec10 (const struct crypt_xts *x, uint64_t toff,
-                const unsigned char *in, unsigned char *out, uint64_t len)
-{
-  xts_vaes_run (x, false, 10, toff, in, out, len);
-}
-
-XTS_VAES_TARGET static void
-xts_vaes_enc14 (const struct crypt_xts *x, uint64_t toff,
-                const unsigned char *in, unsigned char *out, uint64_t len)
-{
-  xts_vaes_run (x, true, 14, toff, in, out, len);
-}
-
-XTS_VAES_TARGET static void
-xts_vaes_dec14 (const struct crypt_xts *x, uint64_t toff,
-                const unsigned char *in, unsigned char *out, uint64_t len)
-{
-  xts_vaes_run (x, false, 14, toff, in, out, len);
-}
+#define XTS_VAES_VARIANT(name, enc, rounds)                             \
+  XTS_VAES_TARGET static void                                           \
+  name (const struct crypt_xts *x, uint64_t toff,                       \
+        const unsigned char *in, unsigned char *out, uint64_t len)      \
+  {                                                                     \
+    xts_vaes_run (x, (enc), (rounds), toff, in, out, len);              \
+  }
+XTS_VAES_VARIANT (xts_vaes_enc10, true, 10)
+XTS_VAES_VARIANT (xts_vaes_dec10, false, 10)
+XTS_VAES_VARIANT (xts_vaes_enc14, true, 14)
+XTS_VAES_VARIANT (xts_vaes_dec14, false, 14)
+#undef XTS_VAES_VARIANT
 
 void
 xts_vaes_convert (const struct crypt_xts *x, bool enc, uint64_t toff,
