@@ -385,7 +385,8 @@ parse_reply (struct nbd_wire *w, const unsigned char *p, char *why,
   struct wire_req *r;
 
   if (get_be32 (p) != NBD_SIMPLE_REPLY_MAGIC) {
-    snprintf (why, whylen, "bad reply magic 0x%08x", get_be32 (p));
+    snprintf (why, whylen, "bad reply magic 0x%08x (expected 0x%08x)",
+              get_be32 (p), NBD_SIMPLE_REPLY_MAGIC);
     return why;
   }
   if (i >= w->nr_slots || (r = &w->slots[i])->cmd == NULL ||
