@@ -478,7 +478,10 @@ wire_recv (struct nbd_wire *w, char *why, size_t whylen)
     }
     memmove (w->rbuf, w->rbuf + off, w->rlen - off);
     w->rlen -= off;
-    if ((size_t) r < want)      /* drained: level-triggered, no EAGAIN */
+    /* Drained, or nothing more is due (the server closing is seen at
+     * the next EV_READ): level-triggered, no recv just for EAGAIN.
+     */
+    if ((size_t) r < want || (w->awaiting == 0 && w->rlen == 0))
       return NULL;
   }
 }
