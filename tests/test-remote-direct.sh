@@ -8,6 +8,7 @@
 #  - data: reads and writes of 512 B to 1 MiB at queue depth 64, split
 #    in parts of at most 64K (the server's maximum block size), checked
 #    by fio's verify and against the backing file;
+#  - a server without structured replies: connection 0 is direct too;
 #  - a reply that breaks the protocol (bad magic, an unknown cookie) is
 #    named in the log and costs the connection, not the request: it is
 #    retried, and the writes acknowledged before count as lost (the next
@@ -16,6 +17,7 @@ source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
 requires nbdkit --filter=blocksize-policy null --version
+requires nbdkit --no-sr null --version
 requires fio --enghelp=nbd
 requires python3 -c 'import nbd'
 requires cmp --version
@@ -24,6 +26,8 @@ requires timeout --version
 f=$(mkfile r.img 64M)
 start_server r --filter=blocksize-policy file "$f" \
     blocksize-maximum=64K blocksize-preferred=4K
+g=$(mkfile n.img 1M)
+start_server n --no-sr file "$g"
 mkdir "$tmpdir/ctl"
 python3 "$top_srcdir/tests/nbd_proxy.py" "$tmpdir/p.sock" "$tmpdir/r.sock" \
     "$tmpdir/ctl" &
@@ -35,12 +39,13 @@ wait_for test -e "$tmpdir/ctl/ready" || die "the proxy did not start"
 # (which corrupts replies when told to; it is too slow for the data).
 echo "0 131072 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
 echo "0 131072 linear nbd+unix:///?socket=$tmpdir/p.sock 0" > "$tmpdir/c.table"
+echo "0 2048 linear nbd+unix:///?socket=$tmpdir/n.sock 0" > "$tmpdir/n.table"
 sock=$tmpdir/mapper.sock
 uri="nbd+unix:///d?socket=$sock"
 log=$tmpdir/mapper.log
 start_server --stderr "$log" mapper -v -D nbdkit.backend.datapath=0 -t 64 \
     mapper remote-connections=4 remote-timeout=20 "$tmpdir/d.table" \
-    "$tmpdir/c.table"
+    "$tmpdir/c.table" "$tmpdir/n.table"
 ms () { timeout 120 nbdsh -u "$uri" "$@"; }
 # conns SOCK PATTERN: the backend SOCK's connection log lines matching
 # PATTERN (grep -E), counted.
@@ -56,6 +61,18 @@ for i in 1 2 3; do
 done
 [ "$(conns r.sock '0 -> up$')" -eq 1 ] ||
     die "connection 0 (structured replies, block status) went direct"
+
+# Without structured replies, connection 0 is direct too (it has no
+# block status to serve); its data goes both ways.
+timeout 120 nbdsh -u "nbd+unix:///n?socket=$sock" -c '
+h.pwrite(b"N" * 65536, 4096)
+h.flush()
+assert h.pread(65536, 4096) == b"N" * 65536
+' || die "the device over the server without structured replies failed"
+cmp -n 65536 -i 4096:0 "$g" <(head -c 65536 /dev/zero | tr '\0' N) ||
+    die "the write did not reach the server without structured replies"
+[ "$(conns n.sock '0 -> up \(direct\)')" -eq 1 ] ||
+    die "connection 0 without structured replies is not direct"
 
 # --- data -----------------------------------------------------------------
 # Writes then reads of every size at depth 64, over all four connections
