@@ -4,7 +4,10 @@ connection, in accept order (0, 1, ...) (tests/test-remote-loss-elsewhere.sh).
 A file CTL/freeze-N makes connection N silent: what the client sends is
 read and counted (CTL/held-N), never forwarded, nothing comes back, and
 the client's socket stays open (CTL/frozen-N says it is).  CTL/sent-N:
-bytes connection N forwarded to the server.
+bytes connection N forwarded to the server.  A file CTL/corrupt holding
+"magic" or "cookie" flips one byte (0, or 15) of the next data the
+server sends on any connection (at queue depth 1, a reply's header: its
+magic, or its cookie's low byte), then goes.
 
   python3 nbd_proxy.py LISTEN TARGET CTL
 """
@@ -40,10 +43,23 @@ def serve(n, c):
             continue
         done = False
         for x in r:
-            d = x.recv(65536)
+            try:
+                d = x.recv(65536)
+            except OSError:             # reset: the client dropped it
+                d = b""
             if not d:
                 done = True
                 break
+            corrupt = os.path.join(ctl, "corrupt")
+            if x is s and os.path.exists(corrupt):
+                with open(corrupt) as f:
+                    at = 0 if f.read().strip() == "magic" else 15
+                try:
+                    os.unlink(corrupt)
+                except FileNotFoundError:
+                    at = len(d)         # another connection's
+                if len(d) > at:
+                    d = d[:at] + bytes([d[at] ^ 0x55]) + d[at + 1:]
             (s if x is c else c).sendall(d)
             if x is c:
                 sent += len(d)

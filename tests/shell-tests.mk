@@ -45,4 +45,5 @@ SHELL_TESTS = \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \
 	test-remote-lookup.sh \
+	test-remote-direct.sh \
 	test-list-exports-limit.sh

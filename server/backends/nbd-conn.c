@@ -111,10 +111,27 @@ void
 nbd_conn_update_io (struct nbd_conn *conn)
 {
   struct ev_loop *l = ioloop_ev ();
-  unsigned dir = nbd_aio_get_direction (conn->h);
+  unsigned dir;
   int fd = nbd_aio_get_fd (conn->h);
-  int events = ((dir & LIBNBD_AIO_DIRECTION_READ) ? EV_READ : 0) |
-    ((dir & LIBNBD_AIO_DIRECTION_WRITE) ? EV_WRITE : 0);
+  int events;
+
+  if (conn->wire) {
+    /* Direct: always reading (a reply, or the server going); writing
+     * when the socket was full.  What this turn of the loop queued goes
+     * out before it polls again, all in one send (on_flush).
+     */
+    events = EV_READ;
+    if (nbd_wire_want_write (conn->wire))
+      events |= EV_WRITE;
+    else if (nbd_wire_has_unsent (conn->wire) &&
+             !ev_is_active (&conn->nb->flush))
+      ev_prepare_start (l, &conn->nb->flush);
+  }
+  else {
+    dir = nbd_aio_get_direction (conn->h);
+    events = ((dir & LIBNBD_AIO_DIRECTION_READ) ? EV_READ : 0) |
+      ((dir & LIBNBD_AIO_DIRECTION_WRITE) ? EV_WRITE : 0);
+  }
 
   if (fd == -1 || events == 0) {
     ev_io_stop (l, &conn->io);
@@ -145,6 +162,8 @@ nbd_close_handle (struct nbd_conn *conn, bool graceful)
   }
   nbd_close (conn->h);
   conn->h = NULL;
+  nbd_wire_free (conn->wire);   /* the requests on it are conn->inflight's */
+  conn->wire = NULL;
 }
 
 void
@@ -289,7 +308,13 @@ conn_up (struct nbd_conn *conn)
   conn->state = CONN_UP;
   conn->backoff = BACKOFF_MIN;
   nb->down_since = 0;
-  LOG ("%s: connection %u -> up", nb->be.name, conn->index);
+  /* Plaintext and simple replies: speak the transmission phase on the
+   * socket (nbd-wire.c); without memory for it, through libnbd.
+   */
+  if (nbd_wire_eligible (conn->h))
+    conn->wire = nbd_wire_new (conn->h);
+  LOG ("%s: connection %u -> up%s", nb->be.name, conn->index,
+       conn->wire ? " (direct)" : "");
   nbd_conn_update_io (conn);
 }
 
@@ -306,11 +331,28 @@ nbd_conn_check (struct nbd_conn *conn)
     nbd_conn_update_io (conn);
 }
 
+/* A direct connection's I/O (events, or 0: send what is queued). */
+static void
+wire_io (struct nbd_conn *conn, int revents)
+{
+  char why[128];
+
+  if (nbd_wire_io (conn->wire, revents, why, sizeof why))
+    nbd_conn_drop (conn, why);
+  else
+    nbd_conn_check (conn);
+}
+
 static void
 on_io (struct ev_loop *l, ev_io *w, int revents)
 {
   struct nbd_conn *conn = w->data;
 
+  if (conn->wire) {
+    wire_io (conn, revents);
+    nbd_pump (conn->nb);
+    return;
+  }
   if (revents & EV_READ)
     nbd_aio_notify_read (conn->h);
   if ((revents & EV_WRITE) && !nbd_conn_dead (conn))
@@ -364,6 +406,33 @@ on_conn_timer (struct ev_loop *l, ev_timer *w, int revents)
   nbd_pump (conn->nb);
 }
 
+/* Before the loop polls: send what its turn queued on direct
+ * connections, one send per connection for all of it.  Until nothing is
+ * left, since a connection lost here sends its commands to the others
+ * (and a prepare watcher started now would run only after the poll).
+ */
+static void
+on_flush (struct ev_loop *l, ev_prepare *w, int revents)
+{
+  struct nbd_backend *nb = w->data;
+  bool again;
+
+  do {
+    again = false;
+    for (unsigned i = 0; i < nb->nr_conns; i++) {
+      struct nbd_conn *conn = &nb->conns[i];
+      if (conn->wire && nbd_wire_has_unsent (conn->wire) &&
+          !nbd_wire_want_write (conn->wire)) {
+        wire_io (conn, 0);
+        again = true;
+      }
+    }
+    if (again)
+      nbd_pump (nb);
+  } while (again);
+  ev_prepare_stop (l, w);
+}
+
 /* The backend is adopted by the current loop (attach, nbd.c): watchers,
  * the probe handle as connection 0, the other connections opened now.
  */
@@ -372,6 +441,8 @@ nbd_conns_attach (struct nbd_backend *nb)
 {
   struct ev_loop *l = ioloop_ev ();
 
+  ev_prepare_init (&nb->flush, on_flush);
+  nb->flush.data = nb;
   for (unsigned i = 0; i < nb->nr_conns; i++) {
     struct nbd_conn *conn = &nb->conns[i];
 

@@ -6,6 +6,8 @@
  *                  issues (splitting, completion, deadlines);
  *   nbd-conn.c     its connections: handshakes, reconnection with
  *                  back-off, what a lost connection takes with it;
+ *   nbd-wire.c     the transmission phase spoken on the socket itself
+ *                  (plaintext connections without structured replies);
  *   nbd-resolve.c  the resolver thread: host names looked up off the
  *                  I/O loop;
  *   nbd-uri.c      NBD URIs: recognised and normalised (one key per
@@ -41,6 +43,7 @@
 
 struct nbd_backend;
 struct nbd_conn;
+struct nbd_wire;
 struct lookup;
 
 /* One clone (or extents query) in the loop's hands.  Loop thread only. */
@@ -70,7 +73,9 @@ struct nbd_conn {
   /* Loop thread only (or the owner of the backend when no loop runs). */
   struct nbd_handle *h;         /* NULL when down */
   enum conn_state state;
-  ev_io io;                     /* h's fd, events from nbd_aio_get_direction */
+  ev_io io;                     /* h's fd, events from nbd_aio_get_direction
+                                 * (or, direct, from wire) */
+  struct nbd_wire *wire;        /* direct (nbd-wire.c) while up, or NULL */
   ev_timer timer;               /* down: back-off; connecting: deadline */
   double backoff;
   bool lost;                    /* a command saw the connection go */
@@ -106,6 +111,8 @@ struct nbd_backend {
   struct nbd_cmd *free_cmds;
   unsigned outstanding;         /* commands waiting or issued */
   ev_timer tick;                /* request deadlines, while outstanding */
+  ev_prepare flush;             /* direct connections: send what this
+                                 * turn of the loop queued (on_flush) */
   ev_tstamp down_since;         /* no connection up since, or 0 */
   bool single;                  /* multi-conn lost: one connection left */
   uint64_t nr_losses, nr_retries, nr_timeouts;
@@ -168,6 +175,8 @@ list_remove (struct cmd_list *l, struct nbd_cmd *cmd)
  * completes with error).
  */
 void nbd_cmd_complete (struct nbd_cmd *cmd, int error);
+/* One part of cmd got its reply (error: an errno or 0). */
+void nbd_part_done (struct nbd_cmd *cmd, int error);
 /* Issue waiting commands while a connection is up. */
 void nbd_pump (struct nbd_backend *nb);
 
@@ -196,6 +205,26 @@ bool nbd_any_up (struct nbd_backend *nb);
 void nbd_close_handle (struct nbd_conn *conn, bool graceful);
 /* The backend's connections adopted by the current loop (attach). */
 void nbd_conns_attach (struct nbd_backend *nb);
+
+/* nbd-wire.c: the transmission phase on the socket (loop thread). */
+/* May h's connection go direct (plaintext, simple replies only)? */
+bool nbd_wire_eligible (struct nbd_handle *h);
+struct nbd_wire *nbd_wire_new (struct nbd_handle *h);
+void nbd_wire_free (struct nbd_wire *w);
+/* Queue one request of cmd (sent by nbd_wire_io); 0 or -ENOMEM.
+ * emulate_zero: IO_ZERO as a write of zeros.
+ */
+int nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
+                    uint32_t mapper_flags, bool emulate_zero,
+                    const char *zeros, char *buf, uint64_t offset,
+                    uint64_t len);
+/* Receive (EV_READ) and send what is queued: NULL, or why the
+ * connection failed (in why[whylen]).  Replies complete their parts.
+ */
+const char *nbd_wire_io (struct nbd_wire *w, int revents, char *why,
+                         size_t whylen);
+bool nbd_wire_want_write (const struct nbd_wire *w);
+bool nbd_wire_has_unsent (const struct nbd_wire *w);
 
 /* nbd-resolve.c: make conn's handle in the resolver thread (the URI's
  * host is a name); 0, or -1 (try again later).  The handle comes back

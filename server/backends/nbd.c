@@ -147,19 +147,18 @@ note_reply (struct nbd_cmd *cmd)
   }
 }
 
-/* libnbd completion callback for each part (runs under the handle lock:
- * no libnbd calls here).  A part lost with its connection leaves the
+/* Each part's reply, from libnbd's completion callback (part_done, which
+ * runs under the handle lock: no libnbd calls here) or from a direct
+ * connection's (nbd-wire.c).  A part lost with its connection leaves the
  * command on the connection's list for nbd_conn_drop to retry.
  */
-static int
-part_done (void *opaque, int *error)
+void
+nbd_part_done (struct nbd_cmd *cmd, int error)
 {
-  struct nbd_cmd *cmd = opaque;
-
-  if (*error && connection_error (*error))
+  if (error && connection_error (error))
     cmd->lost = true;
-  else if (*error && cmd->error == 0)
-    cmd->error = map_errno (*error);
+  else if (error && cmd->error == 0)
+    cmd->error = map_errno (error);
   if (--cmd->parts == 0) {
     if (!cmd->lost) {
       list_remove (&cmd->conn->inflight, cmd);
@@ -169,6 +168,12 @@ part_done (void *opaque, int *error)
     else                        /* e.g. ESHUTDOWN: the server is going */
       cmd->conn->lost = true;
   }
+}
+
+static int
+part_done (void *opaque, int *error)
+{
+  nbd_part_done (opaque, *error);
   return 1;
 }
 
@@ -212,15 +217,27 @@ zeros_init (void)
   zeros = p == MAP_FAILED ? NULL : p;
 }
 
-/* Issue one libnbd command for [off, off+len) of cmd; cookie or -1. */
+/* Issue one command for [off, off+len) of cmd; cookie or -1 (a direct
+ * connection's: 0 or -1, the errno in *direct_error).
+ */
 static int64_t
-issue_part (struct nbd_handle *h, struct nbd_cmd *cmd, uint64_t delta,
-            uint64_t len)
+issue_part (struct nbd_conn *conn, struct nbd_cmd *cmd, uint64_t delta,
+            uint64_t len, int *direct_error)
 {
   nbd_completion_callback cb = { .callback = part_done, .user_data = cmd };
+  struct nbd_handle *h = conn->h;
   struct nbd_backend *nb = cmd->nb;
   struct clone *c = cmd->c;
   uint32_t fua = (c->flags & MAPPER_FUA) ? LIBNBD_CMD_FLAG_FUA : 0;
+
+  if (conn->wire) {
+    int r = nbd_wire_issue (conn->wire, cmd, c->op, c->flags,
+                            c->op == IO_ZERO && !nb->ex.zero, zeros,
+                            c->buf ? c->buf + delta : NULL,
+                            c->offset + delta, len);
+    *direct_error = -r;
+    return r ? -1 : 0;
+  }
 
   switch (c->op) {
   case IO_READ:
@@ -267,6 +284,7 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
   struct nbd_handle *h = conn->h;
   uint64_t delta, len, max;
   int64_t cookie = 0;
+  int direct_error = 0;
 
   cmd->conn = conn;
   cmd->parts = 1;               /* held while issuing */
@@ -276,7 +294,13 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
   cmd->ack_mark = cmd->nb->ack_clock;
   list_append (&conn->inflight, cmd);
 
-  if (cmd->x) {
+  if (cmd->x && conn->wire) {
+    /* Never: block status is connection 0's, which is direct only
+     * without structured replies, so without block status.  All data.
+     */
+    cmd->x->nr = 0;
+  }
+  else if (cmd->x) {
     struct nbd_extents *x = cmd->x;
     nbd_extent_callback ecb = { .callback = extent_cb, .user_data = x };
     nbd_completion_callback cb = { .callback = part_done, .user_data = cmd };
@@ -293,14 +317,19 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
     max = part_max (cmd->nb, cmd->c);
     for (delta = 0; delta < len; delta += max) {
       cmd->parts++;
-      cookie = issue_part (h, cmd, delta, MIN (max, len - delta));
+      cookie = issue_part (conn, cmd, delta, MIN (max, len - delta),
+                           &direct_error);
       if (cookie == -1) {
         cmd->parts--;
         break;
       }
     }
   }
-  if (cookie == -1) {
+  if (cookie == -1 && conn->wire) {
+    if (cmd->error == 0)
+      cmd->error = map_errno (direct_error);
+  }
+  else if (cookie == -1) {
     int e = nbd_get_errno ();
     if (nbd_conn_dead (conn) || connection_error (e))
       cmd->lost = true;
@@ -688,8 +717,10 @@ detach_run (void *arg)
     }
     nbd_close_handle (conn, true);
   }
-  if (attached)
+  if (attached) {
     ev_timer_stop (ioloop_ev (), &nb->tick);
+    ev_prepare_stop (ioloop_ev (), &nb->flush);
+  }
   if (nb->probe) {
     nbd_aio_disconnect (nb->probe, 0);
     nbd_close (nb->probe);

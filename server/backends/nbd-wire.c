@@ -1,0 +1,498 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The NBD backend's transmission phase spoken directly on a connection's
+ * socket, once libnbd has done the handshake ("direct" connections).
+ *
+ * Why: libnbd 1.14 sends a write's header and payload in two send calls,
+ * reads every reply header with its own recv and wants one poll per
+ * reply.  Here requests queued in one turn of the I/O loop go out in one
+ * sendmsg (headers and write payloads as one iovec, straight from the
+ * client's buffers), and replies are read with as few recv calls as the
+ * protocol allows without copying: while no read is in flight every
+ * reply is a 16-byte header, so all of them are read at once; a read's
+ * data is read straight into the client's buffer together with the next
+ * reply's header (one recvmsg per read reply).  Nothing is ever read
+ * past the header of a read reply, so no read data is copied.
+ *
+ * Only plaintext connections without structured replies are direct
+ * (nbd_wire_eligible): TLS stays libnbd's, and so does connection 0,
+ * which asks for structured replies (block status).  libnbd keeps the
+ * handle: it is in its ready state and never touched on the socket
+ * again (no command goes through it) until it is closed; a graceful
+ * close lets it send NBD_CMD_DISC, which it can since nothing of ours is
+ * half sent then (the backend is idle).
+ *
+ * Faults are the connection's (nbd-conn.c): a failed send or recv, the
+ * server closing, or a reply that breaks the protocol (bad magic, an
+ * unknown cookie) make nbd_wire_io return why, and the caller drops the
+ * connection; its commands are retried elsewhere exactly as with libnbd.
+ * Deadlines are the backend's (on_tick in nbd.c).
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <endian.h>
+
+#include "nbd-internal.h"
+
+/* The NBD protocol (doc/proto.md of the NBD project). */
+#define NBD_REQUEST_MAGIC      0x25609513
+#define NBD_SIMPLE_REPLY_MAGIC 0x67446698
+#define NBD_REQUEST_SIZE       28
+#define NBD_REPLY_SIZE         16
+#define NBD_CMD_READ           0
+#define NBD_CMD_WRITE          1
+#define NBD_CMD_FLUSH          3
+#define NBD_CMD_TRIM           4
+#define NBD_CMD_WRITE_ZEROES   6
+#define NBD_CMD_FLAG_FUA       (1 << 0)
+#define NBD_CMD_FLAG_NO_HOLE   (1 << 1)
+#define NBD_CMD_FLAG_FAST_ZERO (1 << 4)
+
+#define WIRE_IOV 64             /* iovec entries per sendmsg */
+#define WIRE_RBUF (NBD_REPLY_SIZE * 64) /* reply headers per recv */
+#define NO_SLOT UINT32_MAX
+
+/* One NBD request awaiting its reply (or still being sent). */
+struct wire_req {
+  struct nbd_cmd *cmd;          /* NULL: free */
+  char *buf;                    /* read: where the data lands; write: what goes */
+  uint32_t len;                 /* payload length of a read or write */
+  uint32_t next;                /* send queue or free list */
+  uint32_t gen;                 /* in the cookie: a stale one is caught */
+  uint16_t type;
+  bool sending;                 /* on the send queue */
+  unsigned char hdr[NBD_REQUEST_SIZE];
+};
+
+struct nbd_wire {
+  int fd;
+  struct wire_req *slots;       /* indexed by the cookie's low half */
+  uint32_t nr_slots, free;
+  uint32_t send_head, send_tail;
+  size_t sent;                  /* bytes of send_head already sent */
+  bool blocked;                 /* the socket is full: wait for EV_WRITE */
+  unsigned awaiting, reads;     /* replies awaited; of them, reads */
+  /* Receiving: rbuf holds rlen bytes of reply headers; rcur (or
+   * NO_SLOT) is the read whose data is coming, rdone bytes of it so far.
+   */
+  uint32_t rcur, rdone;
+  size_t rlen;
+  unsigned char rbuf[WIRE_RBUF];
+};
+
+bool
+nbd_wire_eligible (struct nbd_handle *h)
+{
+  return nbd_get_tls_negotiated (h) == 0 &&
+    nbd_get_structured_replies_negotiated (h) == 0 &&
+    nbd_aio_get_fd (h) >= 0;
+}
+
+struct nbd_wire *
+nbd_wire_new (struct nbd_handle *h)
+{
+  struct nbd_wire *w = calloc (1, sizeof *w);
+
+  if (w == NULL)
+    return NULL;
+  w->fd = nbd_aio_get_fd (h);
+  w->free = w->send_head = w->send_tail = w->rcur = NO_SLOT;
+  return w;
+}
+
+void
+nbd_wire_free (struct nbd_wire *w)
+{
+  if (w) {
+    free (w->slots);
+    free (w);
+  }
+}
+
+bool
+nbd_wire_want_write (const struct nbd_wire *w)
+{
+  return w->blocked;
+}
+
+bool
+nbd_wire_has_unsent (const struct nbd_wire *w)
+{
+  return w->send_head != NO_SLOT;
+}
+
+static uint32_t
+slot_alloc (struct nbd_wire *w)
+{
+  uint32_t i;
+
+  if (w->free == NO_SLOT) {
+    uint32_t n = w->nr_slots ? w->nr_slots * 2 : 64;
+    struct wire_req *s;
+    if (n > (1u << 24) || (s = realloc (w->slots, n * sizeof *s)) == NULL)
+      return NO_SLOT;
+    memset (&s[w->nr_slots], 0, (n - w->nr_slots) * sizeof *s);
+    for (i = n; i-- > w->nr_slots; ) {
+      s[i].next = w->free;
+      w->free = i;
+    }
+    w->slots = s;
+    w->nr_slots = n;
+  }
+  i = w->free;
+  w->free = w->slots[i].next;
+  return i;
+}
+
+static void
+slot_free (struct nbd_wire *w, uint32_t i)
+{
+  struct wire_req *r = &w->slots[i];
+
+  r->cmd = NULL;
+  r->gen++;
+  r->next = w->free;
+  w->free = i;
+}
+
+static void
+put_be16 (unsigned char *p, uint16_t v)
+{
+  v = htobe16 (v);
+  memcpy (p, &v, 2);
+}
+
+static void
+put_be32 (unsigned char *p, uint32_t v)
+{
+  v = htobe32 (v);
+  memcpy (p, &v, 4);
+}
+
+static void
+put_be64 (unsigned char *p, uint64_t v)
+{
+  v = htobe64 (v);
+  memcpy (p, &v, 8);
+}
+
+static uint32_t
+get_be32 (const unsigned char *p)
+{
+  uint32_t v;
+
+  memcpy (&v, p, 4);
+  return be32toh (v);
+}
+
+static uint64_t
+get_be64 (const unsigned char *p)
+{
+  uint64_t v;
+
+  memcpy (&v, p, 8);
+  return be64toh (v);
+}
+
+int
+nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
+                uint32_t mapper_flags, bool emulate_zero, const char *zeros,
+                char *buf, uint64_t offset, uint64_t len)
+{
+  uint32_t i = slot_alloc (w);
+  struct wire_req *r;
+  uint16_t type, flags = 0;
+  uint32_t hlen = len;
+
+  if (i == NO_SLOT)
+    return -ENOMEM;
+  r = &w->slots[i];
+  r->cmd = cmd;
+  r->buf = NULL;
+  r->len = 0;
+  if (mapper_flags & MAPPER_FUA)
+    flags |= NBD_CMD_FLAG_FUA;
+  switch (op) {
+  case IO_READ:
+    type = NBD_CMD_READ;
+    r->buf = buf;
+    r->len = len;
+    w->reads++;
+    break;
+  case IO_WRITE:
+    type = NBD_CMD_WRITE;
+    r->buf = buf;
+    r->len = len;
+    break;
+  case IO_ZERO:
+    if (emulate_zero) {         /* the server can't zero: write zeros */
+      type = NBD_CMD_WRITE;
+      r->buf = (char *) zeros;
+      r->len = len;
+      break;
+    }
+    type = NBD_CMD_WRITE_ZEROES;
+    if (!(mapper_flags & MAPPER_MAY_TRIM))
+      flags |= NBD_CMD_FLAG_NO_HOLE;
+    if (mapper_flags & MAPPER_FAST_ZERO)
+      flags |= NBD_CMD_FLAG_FAST_ZERO;
+    break;
+  case IO_TRIM:
+    type = NBD_CMD_TRIM;
+    break;
+  case IO_FLUSH:
+  default:
+    type = NBD_CMD_FLUSH;
+    flags = 0;
+    offset = 0;
+    hlen = 0;
+    break;
+  }
+  r->type = type;
+  put_be32 (r->hdr, NBD_REQUEST_MAGIC);
+  put_be16 (r->hdr + 4, flags);
+  put_be16 (r->hdr + 6, type);
+  put_be64 (r->hdr + 8, (uint64_t) r->gen << 32 | i);
+  put_be64 (r->hdr + 16, offset);
+  put_be32 (r->hdr + 24, hlen);
+  r->sending = true;
+  r->next = NO_SLOT;
+  if (w->send_tail == NO_SLOT)
+    w->send_head = i;
+  else
+    w->slots[w->send_tail].next = i;
+  w->send_tail = i;
+  w->awaiting++;
+  return 0;
+}
+
+/* Send what is queued, as much as the socket takes.  NULL, or why the
+ * connection failed.
+ */
+static const char *
+wire_send (struct nbd_wire *w, char *why, size_t whylen)
+{
+  while (w->send_head != NO_SLOT) {
+    struct iovec iov[WIRE_IOV];
+    struct msghdr msg = { .msg_iov = iov };
+    size_t skip = w->sent, want = 0;
+    uint32_t i;
+    int n = 0;
+    ssize_t r, sent;
+
+    /* Headers and write payloads, skipping what was sent already. */
+    for (i = w->send_head; i != NO_SLOT && n + 2 <= WIRE_IOV;
+         i = w->slots[i].next) {
+      struct wire_req *q = &w->slots[i];
+      size_t plen = q->type == NBD_CMD_WRITE ? q->len : 0;
+
+      if (skip < NBD_REQUEST_SIZE) {
+        iov[n].iov_base = q->hdr + skip;
+        iov[n].iov_len = NBD_REQUEST_SIZE - skip;
+        want += iov[n++].iov_len;
+        skip = 0;
+      }
+      else
+        skip -= NBD_REQUEST_SIZE;
+      if (plen) {
+        iov[n].iov_base = q->buf + skip;
+        iov[n].iov_len = plen - skip;
+        want += iov[n++].iov_len;
+      }
+      skip = 0;
+    }
+    msg.msg_iovlen = n;
+    r = sendmsg (w->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        w->blocked = true;
+        return NULL;
+      }
+      snprintf (why, whylen, "send: %s", strerror (errno));
+      return why;
+    }
+    /* Unlink what is sent in full. */
+    sent = r;
+    r += w->sent;
+    while (w->send_head != NO_SLOT) {
+      struct wire_req *q = &w->slots[w->send_head];
+      size_t total = NBD_REQUEST_SIZE +
+        (q->type == NBD_CMD_WRITE ? q->len : 0);
+      if ((size_t) r < total)
+        break;
+      r -= total;
+      q->sending = false;
+      w->send_head = q->next;
+    }
+    if (w->send_head == NO_SLOT)
+      w->send_tail = NO_SLOT;
+    w->sent = r;
+    if ((size_t) sent < want && w->send_head != NO_SLOT) {
+      /* A short send: the socket is full. */
+      w->blocked = true;
+      return NULL;
+    }
+  }
+  w->blocked = false;
+  return NULL;
+}
+
+/* The NBD error in a reply -> errno. */
+static int
+nbd_errno (uint32_t e)
+{
+  switch (e) {
+  case 1: return EPERM;
+  case 5: return EIO;
+  case 12: return ENOMEM;
+  case 22: return EINVAL;
+  case 28: return ENOSPC;
+  case 75: return EOVERFLOW;
+  case 95: return ENOTSUP;
+  case 108: return ESHUTDOWN;
+  default: return EINVAL;       /* as the protocol says */
+  }
+}
+
+/* The request in slot i got its reply (error: an errno or 0). */
+static void
+req_done (struct nbd_wire *w, uint32_t i, int error)
+{
+  struct nbd_cmd *cmd = w->slots[i].cmd;
+
+  if (w->slots[i].type == NBD_CMD_READ)
+    w->reads--;
+  w->awaiting--;
+  slot_free (w, i);
+  nbd_part_done (cmd, error);
+}
+
+/* Parse the reply header in rbuf[0..16): NULL, or the protocol error. */
+static const char *
+parse_reply (struct nbd_wire *w, const unsigned char *p, char *why,
+             size_t whylen)
+{
+  uint64_t cookie = get_be64 (p + 8);
+  uint32_t i = cookie & 0xffffffff, error = get_be32 (p + 4);
+  struct wire_req *r;
+
+  if (get_be32 (p) != NBD_SIMPLE_REPLY_MAGIC) {
+    snprintf (why, whylen, "bad reply magic 0x%08x (expected 0x%08x)",
+              get_be32 (p), NBD_SIMPLE_REPLY_MAGIC);
+    return why;
+  }
+  if (i >= w->nr_slots || (r = &w->slots[i])->cmd == NULL ||
+      r->gen != cookie >> 32 || r->sending) {
+    snprintf (why, whylen, "reply to an unknown request (cookie 0x%016llx)",
+              (unsigned long long) cookie);
+    return why;
+  }
+  if (r->type == NBD_CMD_READ && error == 0 && r->len > 0) {
+    w->rcur = i;                /* the data follows */
+    w->rdone = 0;
+    return NULL;
+  }
+  req_done (w, i, error ? nbd_errno (error) : 0);
+  return NULL;
+}
+
+/* Read what the socket has: NULL, or why the connection failed. */
+static const char *
+wire_recv (struct nbd_wire *w, char *why, size_t whylen)
+{
+  for (;;) {
+    struct iovec iov[2];
+    struct msghdr msg = { .msg_iov = iov };
+    size_t want, off;
+    ssize_t r;
+
+    if (w->rcur != NO_SLOT) {
+      /* A read's data, into the client's buffer, then the next header. */
+      struct wire_req *q = &w->slots[w->rcur];
+      iov[0].iov_base = q->buf + w->rdone;
+      iov[0].iov_len = q->len - w->rdone;
+      iov[1].iov_base = w->rbuf;
+      iov[1].iov_len = w->awaiting > 1 ? NBD_REPLY_SIZE : 0;
+      msg.msg_iovlen = iov[1].iov_len ? 2 : 1;
+      want = iov[0].iov_len + iov[1].iov_len;
+    }
+    else {
+      /* Headers only: as many as can come while no read data can. */
+      if (w->awaiting == 0)
+        want = NBD_REPLY_SIZE - w->rlen; /* nothing due: notice EOF */
+      else if (w->reads == 0)
+        want = MIN ((size_t) WIRE_RBUF,
+                    (size_t) w->awaiting * NBD_REPLY_SIZE) - w->rlen;
+      else
+        want = NBD_REPLY_SIZE - w->rlen;
+      iov[0].iov_base = w->rbuf + w->rlen;
+      iov[0].iov_len = want;
+      msg.msg_iovlen = 1;
+    }
+    r = recvmsg (w->fd, &msg, MSG_DONTWAIT);
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return NULL;
+      snprintf (why, whylen, "recv: %s", strerror (errno));
+      return why;
+    }
+    if (r == 0) {
+      snprintf (why, whylen, "the server closed the connection");
+      return why;
+    }
+    if (w->rcur != NO_SLOT) {
+      size_t data = MIN ((size_t) r, iov[0].iov_len);
+      w->rdone += data;
+      w->rlen = r - data;       /* header bytes after the data */
+      if (w->rdone == w->slots[w->rcur].len) {
+        uint32_t i = w->rcur;
+        w->rcur = NO_SLOT;
+        req_done (w, i, 0);
+      }
+    }
+    else
+      w->rlen += r;
+    if (w->rlen && w->awaiting == 0) {
+      snprintf (why, whylen, "a reply no request asked for");
+      return why;
+    }
+    /* Every whole header in rbuf. */
+    for (off = 0; w->rcur == NO_SLOT && w->rlen - off >= NBD_REPLY_SIZE;
+         off += NBD_REPLY_SIZE)
+      if (parse_reply (w, w->rbuf + off, why, whylen))
+        return why;
+    if (w->rcur != NO_SLOT && w->rlen != off) {
+      /* Never: nothing is read past a read reply's header. */
+      snprintf (why, whylen, "internal error: read data in the header buffer");
+      return why;
+    }
+    memmove (w->rbuf, w->rbuf + off, w->rlen - off);
+    w->rlen -= off;
+    /* Drained, or nothing more is due (the server closing is seen at
+     * the next EV_READ): level-triggered, no recv just for EAGAIN.
+     */
+    if ((size_t) r < want || (w->awaiting == 0 && w->rlen == 0))
+      return NULL;
+  }
+}
+
+const char *
+nbd_wire_io (struct nbd_wire *w, int revents, char *why, size_t whylen)
+{
+  if ((revents & EV_READ) && wire_recv (w, why, whylen))
+    return why;
+  if (((revents & EV_WRITE) || !w->blocked) && w->send_head != NO_SLOT &&
+      wire_send (w, why, whylen))
+    return why;
+  return NULL;
+}
