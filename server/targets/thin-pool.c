@@ -892,12 +892,16 @@ pool_status (struct target *ti, enum status_type type, char *buf,
       EMIT ("Fail");
       return used;
     }
-    thin_md_get_transaction_id (p->md, &tid);
-    thin_md_get_free_metadata_blocks (p->md, &mfree);
-    thin_md_get_metadata_dev_size (p->md, &mtotal);
-    thin_md_get_free_data_blocks (p->md, &dfree);
-    thin_md_get_data_dev_size (p->md, &dtotal);
-    thin_md_get_metadata_snap (p->md, &held);
+    /* dm's pool_status says Error when it cannot tell. */
+    if (thin_md_get_transaction_id (p->md, &tid) < 0 ||
+        thin_md_get_free_metadata_blocks (p->md, &mfree) < 0 ||
+        thin_md_get_metadata_dev_size (p->md, &mtotal) < 0 ||
+        thin_md_get_free_data_blocks (p->md, &dfree) < 0 ||
+        thin_md_get_data_dev_size (p->md, &dtotal) < 0 ||
+        thin_md_get_metadata_snap (p->md, &held) < 0) {
+      EMIT ("Error");
+      return used;
+    }
     EMIT ("%" PRIu64 " %" PRIu64 "/%" PRIu64 " %" PRIu64 "/%" PRIu64 " ",
           tid, mtotal - mfree, mtotal, dtotal - dfree, dtotal);
     if (held)
@@ -1056,7 +1060,11 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
                       parse_u64 (argv[1], &id) < 0 ? argv[1] : argv[2]);
       return -EINVAL;
     }
-    thin_md_get_transaction_id (p->md, &cur);
+    if ((r = thin_md_get_transaction_id (p->md, &cur)) < 0) {
+      mapper_err_set (err, "set_transaction_id: cannot read the "
+                      "transaction id: %s", mapper_strerror (-r));
+      return r;
+    }
     if (cur != id) {
       mapper_err_set (err, "set_transaction_id: the transaction id is %"
                       PRIu64 ", not %" PRIu64, cur, id);

@@ -528,15 +528,24 @@ thin_status (struct target *ti, enum status_type type, char *buf,
   size_t used = 0;
 
   if (type == STATUSTYPE_INFO) {
-    uint64_t mapped = 0, highest;
+    uint64_t mapped = 0, highest = 0;
+    int r;
 
     if (pool_mode (tc->pool) == PM_FAIL) {
       EMIT ("Fail");
       return used;
     }
-    thin_md_dev_mapped_count (tc->td, &mapped);
+    /* dm's thin_status says Error when it cannot tell (a mapping tree
+     * block that does not read back), "-" only when nothing is mapped.
+     */
+    if (thin_md_dev_mapped_count (tc->td, &mapped) < 0 ||
+        ((r = thin_md_dev_highest_mapped (tc->td, &highest)) < 0 &&
+         r != -ENODATA)) {
+      EMIT ("Error");
+      return used;
+    }
     EMIT ("%" PRIu64 " ", mapped * tc->pool->block_sectors);
-    if (thin_md_dev_highest_mapped (tc->td, &highest) == 0)
+    if (r == 0)
       EMIT ("%" PRIu64, (highest + 1) * tc->pool->block_sectors - 1);
     else
       EMIT ("-");
