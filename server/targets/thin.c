@@ -248,7 +248,9 @@ thin_provision (struct thin_c *tc, enum io_op op, uint64_t vblock,
     r = io_sync (op, p->data_be, nb * bs + boff, len, buf, 0);
   if (r < 0) {
     /* The data did not land: give the block back, unmapped. */
-    thin_md_release_data_block (p->md, nb);
+    int rr = thin_md_release_data_block (p->md, nb);
+    if (rr < 0)
+      pool_md_failed (p, "releasing a data block", rr, NULL);
     goto out;
   }
   r = thin_md_insert_block (tc->td, vblock, nb);
