@@ -680,16 +680,19 @@ pool_find_or_create (struct pool_c *pc, uint64_t md_size,
                      struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&pools_lock);
-  struct pool *p;
+  struct pool *p = NULL;
   uint64_t blocks;
 
-  for (p = pools; p; p = p->next) {
-    if (p->md_be == pc->md_be)
-      break;
-    if (p->data_be == pc->data_be) {
+  /* Every pool: the one on this metadata device, if any, and none other
+   * on this data device (a reload of a pool onto another's data).
+   */
+  for (struct pool *q = pools; q; q = q->next) {
+    if (q->md_be == pc->md_be)
+      p = q;
+    else if (q->data_be == pc->data_be) {
       mapper_err_set (err, "data device %s is already the data device of "
                       "the pool on metadata device %s",
-                      backend_name (pc->data_be), backend_name (p->md_be));
+                      backend_name (pc->data_be), backend_name (q->md_be));
       return -EBUSY;
     }
   }
