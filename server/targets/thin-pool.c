@@ -292,9 +292,24 @@ pool_commit (struct pool *p)
 
 /* The commit thread: every pool with changes, once a second. */
 static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t worker_cond;
+static pthread_cond_t worker_cond;     /* CLOCK_MONOTONIC: worker_once */
+static pthread_once_t worker_once = PTHREAD_ONCE_INIT;
 static bool worker_running, worker_stop;
 static pthread_t worker_thread;
+
+/* Once per process: a start after a stop must not initialise the
+ * condition again (a waiter of the old thread may still be leaving it).
+ */
+static void
+worker_cond_init (void)
+{
+  pthread_condattr_t attr;
+
+  pthread_condattr_init (&attr);
+  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
+  pthread_cond_init (&worker_cond, &attr);
+  pthread_condattr_destroy (&attr);
+}
 
 /* Commit every pool with uncommitted changes: one at a time, holding a
  * reference, never pools_lock, while it commits.
@@ -346,15 +361,11 @@ static int
 pool_type_start (struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&worker_lock);
-  pthread_condattr_t attr;
   int e;
 
   if (worker_running)
     return 0;
-  pthread_condattr_init (&attr);
-  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
-  pthread_cond_init (&worker_cond, &attr);
-  pthread_condattr_destroy (&attr);
+  pthread_once (&worker_once, worker_cond_init);
   worker_stop = false;
   e = mapper_thread_create (&worker_thread, commit_worker, "mapper-thin");
   if (e != 0) {
