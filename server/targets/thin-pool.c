@@ -224,7 +224,10 @@ commit_locked (struct pool *p)
 
   if (atomic_load (&p->commit_failed))
     r = -EIO;
-  else if (thin_md_changed (p->md)) {
+  /* Failed metadata (a lookup that could not read a block) fails the
+   * commit even with nothing changed: the pool goes read-only.
+   */
+  else if (thin_md_changed (p->md) || thin_md_failed (p->md)) {
     /* Data first: a committed mapping never points at data that a
      * crash can still lose (dm's flush before commit).
      */
