@@ -475,8 +475,13 @@ pool_alloc_block (struct pool *p, uint64_t *block, uint64_t *gen)
     if (!committed) {
       committed = true;
       pthread_rwlock_unlock (&p->commit_rw);
-      r = pool_commit (p);
+      r = pool_commit_how (p, COMMIT_WAIT);
       pthread_rwlock_rdlock (&p->commit_rw);
+      /* Suspending with I/O to drain: wait (holding no lock) for the
+       * resume, which moves space_gen on, and try again.
+       */
+      if (r == -EAGAIN)
+        return -EAGAIN;
       if (r < 0)
         return r;
       continue;

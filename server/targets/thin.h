@@ -144,8 +144,9 @@ int pool_is_peer (struct target *peer, void *opaque);
 int pool_commit (struct pool *p);
 /* A new data block for a write, commit_rw held shared (dropped and taken
  * again for a commit that may free some).  0, -EAGAIN (none free,
- * queue_if_no_space: drop every lock, pool_wait_space (gen), and try
- * again), -ENOSPC (error_if_no_space), -ESHUTDOWN, -EIO.
+ * queue_if_no_space, or that commit must wait for a resume: drop every
+ * lock, pool_wait_space (gen), and try again), -ENOSPC
+ * (error_if_no_space), -ESHUTDOWN, -EIO.
  */
 int pool_alloc_block (struct pool *p, uint64_t *block, uint64_t *gen);
 /* Wait, holding no pool lock, until a bind or a commit that frees space
