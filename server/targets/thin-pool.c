@@ -255,9 +255,9 @@ pool_commit_how (struct pool *p, enum commit_wait how)
 {
   int r;
 
-  for (;;) {
-    if (!atomic_load (&p->commit_failed) && thin_md_changed (p->md) &&
-        (r = pool_drain (p, how != COMMIT_TRY)) < 0)
+  /* The first turn looks under the lock whether a drain is needed. */
+  for (bool drain = false;; drain = true) {
+    if (drain && (r = pool_drain (p, how != COMMIT_TRY)) < 0)
       return r;
     if (how == COMMIT_TRY) {
       if (pthread_rwlock_trywrlock (&p->commit_rw) != 0)
@@ -265,12 +265,14 @@ pool_commit_how (struct pool *p, enum commit_wait how)
     }
     else
       pthread_rwlock_wrlock (&p->commit_rw);
-    /* No release since the drain (they hold commit_rw shared). */
-    if (!atomic_load (&p->released) && atomic_load (&p->drain_slot) < 0)
+    /* Nothing to commit (or failed: commit_locked says so), or no
+     * release undrained: releases hold commit_rw shared, so none comes
+     * before the commit.
+     */
+    if (atomic_load (&p->commit_failed) || !thin_md_changed (p->md) ||
+        (!atomic_load (&p->released) && atomic_load (&p->drain_slot) < 0))
       break;
     pthread_rwlock_unlock (&p->commit_rw);
-    if (how == COMMIT_TRY)
-      return -EAGAIN;
   }
   r = commit_locked (p);
   pthread_rwlock_unlock (&p->commit_rw);
