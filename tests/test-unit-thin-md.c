@@ -661,6 +661,52 @@ test_errors (void)
   }
 }
 
+/* Failed metadata fails every later commit, with nothing changed too (a
+ * flush must not say durable), quoting the first failure, never nested.
+ */
+static void
+test_failed_commit (void)
+{
+  const char *path = path_of ("failed.md");
+  struct fdev d;
+  char err[PD_ERR_LEN], err2[PD_ERR_LEN];
+  struct thin_md *md;
+  struct thin_md_dev *td;
+  uint64_t t, b;
+  int r;
+
+  md = fresh (path, &d, 64);
+  if (!md)
+    return;
+  CHECK_EQ (thin_md_create_thin (md, 1, err), 0);
+  CHECK_EQ (thin_md_dev_open (md, 1, &td, err), 0);
+  CHECK_EQ (thin_md_alloc_data_block (md, &b), 0);
+  CHECK_EQ (thin_md_insert_block (td, 0, b), 0);
+  thin_md_dev_close (td);
+  CHECKF (thin_md_commit (md, err) == 0, "%s", err);
+  finish (md, &d);
+
+  /* Reopened: nothing cached, and the device stops reading. */
+  md = md_open (&d, path, 64, err, &r);
+  CHECKF (md, "open %s: %s", path, err);
+  if (!md)
+    return;
+  CHECK_EQ (thin_md_dev_open (md, 1, &td, err), 0);
+  d.fail_reads = 1;
+  CHECK_EQ (thin_md_find_block (td, 0, &t, &(bool) { 0 }), -EIO);
+  CHECK (thin_md_failed (md));
+  CHECK (!thin_md_changed (md));
+  CHECK_EQ (thin_md_commit (md, err), -EROFS);
+  CHECKF (strstr (err, "failed earlier (metadata block ") &&
+          strstr (err, "read failed"), "%s", err);
+  CHECK_EQ (thin_md_commit (md, err2), -EROFS);
+  CHECKF (strcmp (err, err2) == 0, "%s, then %s", err, err2);
+  thin_md_dev_close (td);
+  d.fail_reads = 0;
+  thin_md_close (md, err);
+  close (d.fd);
+}
+
 /* Data block references outside mappings: a released block (its write
  * failed) and dm-thin's discard passdown (inc, unmap, is_shared, dec).
  */
@@ -1618,6 +1664,7 @@ main (void)
     return 77;
   }
   test_errors ();
+  test_failed_commit ();
   test_chain ();
   test_data_refs ();
   test_modes ();

@@ -64,6 +64,19 @@ refused 'is in use by a pool with a data block size of 128 sectors, not 256' \
 md2=$(mkfile md2.img 4M)
 refused 'is already the data device of the pool' \
     "0 32768 thin-pool $md2 $data 128 10"
+# Nor a reload of a pool onto another pool's data device (the pool made
+# last is found first on its own metadata device: the check still looks
+# at every other pool).
+md3=$(mkfile md3.img 4M)
+data3=$(mkfile data3.img 16M)
+ms create pool3 --table "0 32768 thin-pool $md3 $data3 128 10"
+before3=$(ms table pool3)
+fails "data device $data is already the data device of the pool on metadata device $md" \
+    ms reload pool3 --table "0 32768 thin-pool $md3 $data 128 10"
+[ "$(ms table pool3)" = "$before3" ] || die "pool3 changed: $(ms table pool3)"
+ms info pool3 | grep -q '^Tables present: *LIVE$' ||
+    die "a table was loaded: $(ms info pool3)"
+ms remove pool3
 # A reload of the pool may not shrink it.
 data_s=$(mkfile data-small.img 8M)
 fails 'cannot shrink' ms reload pool --table "0 16384 thin-pool $md $data_s 128 10"

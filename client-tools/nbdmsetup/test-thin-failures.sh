@@ -7,7 +7,9 @@
 # (status ro, needs_check; logged and an event), writes that need a new
 # block fail with EIO, reads of committed blocks go on, and messages are
 # refused.  Then the pool is reloaded after the metadata device is back:
-# it comes up at its last commit, and thin_check accepts it.
+# it comes up at its last commit, and thin_check accepts it.  A thin
+# status that cannot read its mapping tree says Error, and the flushes
+# after it fail.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
@@ -58,6 +60,31 @@ nbdsh -u "$uri" -c '
 assert h.pread(65536, 0) == b"\1" * 65536
 assert h.pread(65536, 65536) == bytes(65536)     # never committed
 '
+ms status t1 | grep -q '^0 16384 thin 128 127$' || die "status: $(ms status t1)"
+
+# A thin status that cannot read the mapping tree says Error, as dm's,
+# not that nothing is mapped: a new pool object (nothing cached) over a
+# metadata device that fails once the thin device is loaded.
+ms remove t1
+ms remove pool
+ms create pool --table "0 32768 thin-pool mapper:meta $data 128 0"
+ms create t1 --table "0 16384 thin mapper:pool 1"
+ms replace meta --table "0 8192 error"
+[ "$(ms status t1)" = "0 16384 thin Error" ] ||
+    die "status over unreadable metadata: $(ms status t1)"
+# That failed the metadata, with nothing changed: a flush must not say
+# durable, and the pool is read-only.
+nbdsh -u "$uri" -c '
+import errno
+try:
+    h.flush()
+    assert False, "a flush worked after the metadata failed"
+except nbd.Error as e:
+    assert e.errnum == errno.EIO, e
+' || die "flush after a failed lookup"
+ms status pool | grep -q ' ro discard_passdown ' ||
+    die "status after the failed lookup: $(ms status pool)"
+ms replace meta --table "0 8192 linear $md 0"
 ms remove t1
 ms remove pool
 stop_server ctl

@@ -5,8 +5,9 @@
 # error_if_no_space a write that needs a block fails with ENOSPC and the
 # status says out_of_data_space; without it the write is queued, and a
 # reload of the pool over a larger data device grows the pool and lets
-# it finish.  Writes to provisioned blocks go on meanwhile, and a write
-# waiting for space does not hold up a stop.
+# it finish.  Writes to provisioned blocks go on meanwhile, so do writes
+# to other blocks that need no space, and a write waiting for space does
+# not hold up a stop.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
@@ -56,6 +57,13 @@ c = h.aio_pwrite(b"\6" * 65536, 41 << 16)
 # queued, not failed: the status says so and the write is still there
 for i in range(20):
     h.poll(50)
+assert not h.aio_command_completed(c), "the queued write completed"
+# The queued write holds no lock of its block meanwhile (one of 256,
+# by hash): write zeroes to every other unprovisioned block (they stay
+# unprovisioned, but take their block'"'"'s lock) all finish meanwhile.
+for b in range(32, 512):
+    if b != 41:
+        h.zero(65536, b << 16)
 assert not h.aio_command_completed(c), "the queued write completed"
 with open("'"$tmpdir/queued"'", "w") as f: f.write("1")
 while not h.aio_command_completed(c):

@@ -176,7 +176,7 @@ write_block (struct pd_bm *bm, struct pd_block *b)
   r = bm->dev->ops->write (bm->dev->opaque, b->nr * PD_BLOCK_SIZE,
                            PD_BLOCK_SIZE, b->data);
   if (r < 0) {
-    bm->io_failed = true;
+    atomic_store (&bm->io_failed, true);
     return pd_error (bm, -r, "metadata block %llu: write failed: %s",
                      (unsigned long long) b->nr, strerror (-r));
   }
@@ -297,7 +297,7 @@ pd_bm_read (struct pd_bm *bm, uint64_t nr, enum pd_block_type type,
     r = bm->dev->ops->read (bm->dev->opaque, nr * PD_BLOCK_SIZE,
                             PD_BLOCK_SIZE, b->data);
     if (r < 0) {
-      bm->io_failed = true;
+      atomic_store (&bm->io_failed, true);
       free_entry (bm, b);
       r = pd_error (bm, -r, "metadata block %llu: read failed: %s",
                     (unsigned long long) nr, strerror (-r));
@@ -400,7 +400,7 @@ pd_bm_flush (struct pd_bm *bm)
         goto out;
   r = bm->dev->ops->flush (bm->dev->opaque);
   if (r < 0) {
-    bm->io_failed = true;
+    atomic_store (&bm->io_failed, true);
     r = pd_error (bm, -r, "metadata device: flush failed: %s", strerror (-r));
   }
  out:
@@ -422,7 +422,7 @@ pd_bm_write_sync (struct pd_bm *bm, struct pd_block *b)
   if (r == 0) {
     r = bm->dev->ops->flush (bm->dev->opaque);
     if (r < 0) {
-      bm->io_failed = true;
+      atomic_store (&bm->io_failed, true);
       r = pd_error (bm, -r, "metadata device: flush failed: %s",
                     strerror (-r));
     }

@@ -24,6 +24,7 @@
 
 #include <endian.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -99,7 +100,10 @@ struct pd_bm {
   void *free_bufs;                /* unused buffers, linked through their
                                    * first bytes */
   size_t nr_dirty;
-  bool io_failed;                 /* a read or write failed */
+  /* A read, write or flush of the device failed: set under lock, read
+   * without (thin-metadata.c's is_failed: no more changes or commits).
+   */
+  atomic_bool io_failed;
   pthread_mutex_t err_lock;       /* protects err: readers fail too */
   char err[PD_ERR_LEN];           /* the last error, one line */
 };

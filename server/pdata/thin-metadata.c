@@ -55,6 +55,11 @@ struct thin_md {
   bool read_only;                 /* read-only after init */
   uint32_t data_block_sectors;    /* read-only after init */
   atomic_bool failed;
+  /* Why it failed (the first failure's error line; under the lock
+   * exclusive, or the first fail(), which sets it once): later refusals
+   * quote it.
+   */
+  char fail_why[PD_ERR_LEN];
   bool changed;
   /* the superblock, as it will be committed */
   uint32_t flags;
@@ -89,27 +94,34 @@ copy_err (struct thin_md *md, char *err)
 static int
 fail (struct thin_md *md, int r)
 {
-  if (r < 0 && r != -ENODATA)
-    atomic_store (&md->failed, true);
+  if (r < 0 && r != -ENODATA && !atomic_exchange (&md->failed, true))
+    copy_err (md, md->fail_why);
   return r;
+}
+
+/* Failed: by fail(), or by an I/O error of the block manager that no
+ * caller reported as one (a commit must not succeed after it).
+ */
+static bool
+is_failed (struct thin_md *md)
+{
+  return atomic_load (&md->failed) || atomic_load (&md->tm.bm.io_failed);
 }
 
 /* Is a change allowed now? */
 static int
 writable (struct thin_md *md, char *err)
 {
-  char why[PD_ERR_LEN];
   int r = 0;
 
   if (md->read_only)
     r = pd_error (&md->tm.bm, EROFS, "thin-pool metadata is read-only");
-  else if (atomic_load (&md->failed)) {
-    copy_err (md, why);
-    if (strncmp (why, "thin-pool metadata failed earlier", 33) == 0)
-      r = -EROFS;                 /* said so already */
-    else
-      r = pd_error (&md->tm.bm, EROFS, "thin-pool metadata failed earlier "
-                    "(%s): read-only until reloaded", why);
+  else if (is_failed (md)) {
+    /* The block manager's own line, for a failure fail() never saw. */
+    if (md->fail_why[0] == '\0')
+      copy_err (md, md->fail_why);
+    r = pd_error (&md->tm.bm, EROFS, "thin-pool metadata failed earlier "
+                  "(%s): read-only until reloaded", md->fail_why);
   }
   if (r)
     copy_err (md, err);
@@ -503,7 +515,7 @@ thin_md_close (struct thin_md *md, char *err)
 {
   int r = 0;
 
-  if (!md->read_only && !atomic_load (&md->failed) && md->changed) {
+  if (!md->read_only && !is_failed (md) && md->changed) {
     WRLOCK (md);
     r = commit_locked (md);
     UNLOCK (md);
@@ -528,7 +540,10 @@ thin_md_commit (struct thin_md *md, char *err)
   int r;
 
   WRLOCK (md);
-  r = md->changed ? writable (md, err) : 0;
+  /* Failed metadata fails every commit, changed or not: the caller
+   * would report durable what the last commit may not hold.
+   */
+  r = md->changed || is_failed (md) ? writable (md, err) : 0;
   if (r == 0 && (r = commit_locked (md)) < 0)
     copy_err (md, err);
   UNLOCK (md);
@@ -1338,7 +1353,7 @@ thin_md_set_needs_check (struct thin_md *md)
 bool
 thin_md_failed (struct thin_md *md)
 {
-  return atomic_load (&md->failed);
+  return is_failed (md);
 }
 
 void

@@ -54,6 +54,8 @@ int thin_md_close (struct thin_md *md, char *err);
 /* Make everything changed since the last commit durable: write the dirty
  * shadowed blocks, flush, write the superblock, flush (dm's
  * __commit_transaction).  The caller flushes the *data* device first.
+ * Failed metadata (thin_md_failed) fails it, -EROFS, even with nothing
+ * changed.
  */
 int thin_md_commit (struct thin_md *md, char *err);
 /* Drop the changes since the last commit (dm's dm_pool_abort_metadata). */

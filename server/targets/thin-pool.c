@@ -139,16 +139,96 @@ space_freed (struct pool *p)
   pthread_mutex_unlock (&p->lock);
 }
 
-int
-pool_commit (struct pool *p)
+/* --- draining the fast path (struct pool's io_epoch) ----------------- */
+
+void
+pool_io_drained (struct pool *p)
+{
+  pthread_mutex_lock (&p->lock);
+  pthread_cond_broadcast (&p->drain_cond);
+  pthread_mutex_unlock (&p->lock);
+}
+
+/* Until slot s is empty: 0, or -EAGAIN if not wait, or once the pool
+ * device is suspending (clones held at its gate complete only after the
+ * resume, and whoever waits here may be what the resume waits for).
+ */
+static int
+wait_slot (struct pool *p, unsigned s, bool wait)
+{
+  int r = 0;
+
+  if (atomic_load (&p->io_count[s]) == 0)
+    return 0;
+  if (!wait)
+    return -EAGAIN;
+  pthread_mutex_lock (&p->lock);
+  atomic_fetch_add (&p->drain_waiters, 1);
+  while (atomic_load (&p->io_count[s]) != 0) {
+    struct timespec ts;
+
+    if (p->suspended) {
+      r = -EAGAIN;
+      break;
+    }
+    /* pool_io_exit wakes it; the slice only bounds a missed wake-up. */
+    clock_gettime (CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += 100000000;
+    if (ts.tv_nsec >= 1000000000)
+      ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait (&p->drain_cond, &p->lock, &ts);
+  }
+  atomic_fetch_sub (&p->drain_waiters, 1);
+  pthread_mutex_unlock (&p->lock);
+  return r;
+}
+
+/* Every fast-path clone that may have seen a mapping released before
+ * this call is done: 0, or -EAGAIN (wait_slot).  Holds no lock of the
+ * pool's but drain_lock while it waits: a clone may be held below (a
+ * delay device, a remote data server) by nothing of ours.
+ */
+static int
+pool_drain (struct pool *p, bool wait)
+{
+  int r = 0, s;
+
+  if (wait)
+    pthread_mutex_lock (&p->drain_lock);
+  else if (pthread_mutex_trylock (&p->drain_lock) != 0)
+    return -EAGAIN;
+  /* A drain given up: its slot first (no new I/O counts there). */
+  s = atomic_load (&p->drain_slot);
+  if (s >= 0 && (r = wait_slot (p, s, wait)) < 0)
+    goto out;
+  atomic_store (&p->drain_slot, -1);
+  if (atomic_exchange (&p->released, false)) {
+    s = atomic_fetch_add (&p->io_epoch, 1) & 1;
+    atomic_store (&p->drain_slot, s);
+    if ((r = wait_slot (p, s, wait)) < 0)
+      goto out;
+    atomic_store (&p->drain_slot, -1);
+  }
+ out:
+  pthread_mutex_unlock (&p->drain_lock);
+  return r;
+}
+
+/* --- commit --------------------------------------------------------- */
+
+/* commit_rw held exclusive. */
+static int
+commit_locked (struct pool *p)
 {
   char err[PD_ERR_LEN] = "";
   int r = 0;
 
-  pthread_rwlock_wrlock (&p->commit_rw);
   if (atomic_load (&p->commit_failed))
     r = -EIO;
-  else if (thin_md_changed (p->md)) {
+  /* Failed metadata (a lookup that could not read a block) fails the
+   * commit even with nothing changed: the pool goes read-only.
+   */
+  else if (thin_md_changed (p->md) || thin_md_failed (p->md)) {
     /* Data first: a committed mapping never points at data that a
      * crash can still lose (dm's flush before commit).
      */
@@ -159,17 +239,83 @@ pool_commit (struct pool *p)
         pool_md_failed (p, "metadata commit", r, err);
     }
   }
+  return r;
+}
+
+/* How a commit may wait for the fast path to drain (pool_drain). */
+enum commit_wait {
+  COMMIT_TRY,                   /* not at all (postsuspend) */
+  COMMIT_WAIT,                  /* unless the pool device is suspending */
+};
+
+/* pool_commit, or -EAGAIN when it would have to wait longer than how
+ * allows: the commit thread does it later.
+ */
+static int
+pool_commit_how (struct pool *p, enum commit_wait how)
+{
+  int r;
+
+  /* The first turn looks under the lock whether a drain is needed. */
+  for (bool drain = false;; drain = true) {
+    if (drain && (r = pool_drain (p, how != COMMIT_TRY)) < 0)
+      return r;
+    if (how == COMMIT_TRY) {
+      if (pthread_rwlock_trywrlock (&p->commit_rw) != 0)
+        return -EAGAIN;
+    }
+    else
+      pthread_rwlock_wrlock (&p->commit_rw);
+    /* Nothing to commit (or failed: commit_locked says so), or no
+     * release undrained: releases hold commit_rw shared, so none comes
+     * before the commit.
+     */
+    if (atomic_load (&p->commit_failed) || !thin_md_changed (p->md) ||
+        (!atomic_load (&p->released) && atomic_load (&p->drain_slot) < 0))
+      break;
+    pthread_rwlock_unlock (&p->commit_rw);
+  }
+  r = commit_locked (p);
   pthread_rwlock_unlock (&p->commit_rw);
   if (r == 0 && pool_mode (p) == PM_OUT_OF_DATA_SPACE)
     space_freed (p);
   return r < 0 ? -EIO : 0;
 }
 
+int
+pool_commit (struct pool *p)
+{
+  for (;;) {
+    int r = pool_commit_how (p, COMMIT_WAIT);
+
+    if (r != -EAGAIN)
+      return r;
+    /* Suspending: the drain completes after the resume. */
+    if ((r = pool_wait_running (p)) < 0)
+      return r;
+  }
+}
+
 /* The commit thread: every pool with changes, once a second. */
 static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t worker_cond;
+static pthread_cond_t worker_cond;     /* CLOCK_MONOTONIC: worker_once */
+static pthread_once_t worker_once = PTHREAD_ONCE_INIT;
 static bool worker_running, worker_stop;
 static pthread_t worker_thread;
+
+/* Once per process: a start after a stop must not initialise the
+ * condition again (a waiter of the old thread may still be leaving it).
+ */
+static void
+worker_cond_init (void)
+{
+  pthread_condattr_t attr;
+
+  pthread_condattr_init (&attr);
+  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
+  pthread_cond_init (&worker_cond, &attr);
+  pthread_condattr_destroy (&attr);
+}
 
 /* Commit every pool with uncommitted changes: one at a time, holding a
  * reference, never pools_lock, while it commits.
@@ -190,7 +336,10 @@ commit_changed_pools (void)
       pool_put (p);
     if (next == NULL)
       return;
-    pool_commit (next);
+    /* Not while the pool device is suspending: its commit waits for the
+     * resume (or its postsuspend did it).
+     */
+    pool_commit_how (next, COMMIT_WAIT);
   }
 }
 
@@ -218,15 +367,11 @@ static int
 pool_type_start (struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&worker_lock);
-  pthread_condattr_t attr;
   int e;
 
   if (worker_running)
     return 0;
-  pthread_condattr_init (&attr);
-  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
-  pthread_cond_init (&worker_cond, &attr);
-  pthread_condattr_destroy (&attr);
+  pthread_once (&worker_once, worker_cond_init);
   worker_stop = false;
   e = mapper_thread_create (&worker_thread, commit_worker, "mapper-thin");
   if (e != 0) {
@@ -303,10 +448,9 @@ check_low_water (struct pool *p)
 }
 
 int
-pool_alloc_block (struct pool *p, uint64_t *block)
+pool_alloc_block (struct pool *p, uint64_t *block, uint64_t *gen)
 {
-  uint64_t deadline = 0, asked = 0, gen;
-  bool committed = false;
+  bool committed = false, error_if_no_space;
   int r;
 
   for (;;) {
@@ -314,6 +458,11 @@ pool_alloc_block (struct pool *p, uint64_t *block)
 
     if (m == PM_READ_ONLY || m == PM_FAIL)
       return -EIO;
+    /* Before looking: a bind or commit from now on ends the wait. */
+    pthread_mutex_lock (&p->lock);
+    *gen = p->space_gen;
+    error_if_no_space = p->pf.error_if_no_space;  /* a reload sets it */
+    pthread_mutex_unlock (&p->lock);
     r = thin_md_alloc_data_block (p->md, block);
     if (r == 0) {
       check_low_water (p);
@@ -326,43 +475,45 @@ pool_alloc_block (struct pool *p, uint64_t *block)
     /* Blocks released in this transaction come free at its commit (dm's
      * alloc_data_block commits once before giving up).
      */
-    pthread_rwlock_unlock (&p->commit_rw);
     if (!committed) {
       committed = true;
-      r = pool_commit (p);
+      pthread_rwlock_unlock (&p->commit_rw);
+      r = pool_commit_how (p, COMMIT_WAIT);
       pthread_rwlock_rdlock (&p->commit_rw);
+      /* Suspending with I/O to drain: wait (holding no lock) for the
+       * resume, which moves space_gen on, and try again.
+       */
+      if (r == -EAGAIN)
+        return -EAGAIN;
       if (r < 0)
         return r;
       continue;
     }
-    set_mode (p, PM_OUT_OF_DATA_SPACE, p->pf.error_if_no_space
+    set_mode (p, PM_OUT_OF_DATA_SPACE, error_if_no_space
               ? "writes fail (error_if_no_space)"
               : "writes queue until the data device grows (reload the "
               "pool with a larger one), for 60 seconds at most");
-    if (p->pf.error_if_no_space) {
-      pthread_rwlock_rdlock (&p->commit_rw);
-      return -ENOSPC;
-    }
-    /* Queue: wait for a bind (a reload may have grown the data device),
-     * bounded like dm's no_space_timeout, given up at shutdown.
-     */
-    if (deadline == 0)
-      deadline = monotonic_ns () + POOL_NO_SPACE_TIMEOUT_NS;
-    pthread_mutex_lock (&p->lock);
-    gen = p->space_gen;
-    r = 0;
-    while (p->space_gen == gen && r == 0) {
-      if (monotonic_ns () >= deadline)
-        r = -ENOSPC;
-      else
-        r = request_wait (&p->space_cond, &p->lock, deadline, &asked);
-    }
-    pthread_mutex_unlock (&p->lock);
-    pthread_rwlock_rdlock (&p->commit_rw);
-    if (r < 0)
-      return r;
-    committed = false;
+    return error_if_no_space ? -ENOSPC : -EAGAIN;
   }
+}
+
+int
+pool_wait_space (struct pool *p, uint64_t gen, uint64_t *deadline,
+                 uint64_t *asked)
+{
+  int r = 0;
+
+  if (*deadline == 0)
+    *deadline = monotonic_ns () + POOL_NO_SPACE_TIMEOUT_NS;
+  pthread_mutex_lock (&p->lock);
+  while (p->space_gen == gen && r == 0) {
+    if (monotonic_ns () >= *deadline)
+      r = -ENOSPC;
+    else
+      r = request_wait (&p->space_cond, &p->lock, *deadline, asked);
+  }
+  pthread_mutex_unlock (&p->lock);
+  return r;
 }
 
 int
@@ -397,12 +548,14 @@ pool_free (struct pool *p)
    * data device first.
    */
   if (p->md && !atomic_load (&p->commit_failed) && thin_md_changed (p->md))
-    pool_commit (p);
+    pool_commit_how (p, COMMIT_WAIT);
   if (p->md && thin_md_close (p->md, err) < 0 && mapper_log)
     mapper_log ("thin-pool: %s: closing the metadata failed: %s",
                 backend_name (p->md_be), err);
   for (unsigned i = 0; i < POOL_CELLS; i++)
     pthread_mutex_destroy (&p->cells[i]);
+  pthread_cond_destroy (&p->drain_cond);
+  pthread_mutex_destroy (&p->drain_lock);
   pthread_rwlock_destroy (&p->commit_rw);
   pthread_cond_destroy (&p->space_cond);
   pthread_mutex_destroy (&p->lock);
@@ -495,6 +648,12 @@ pool_create (struct pool_c *pc, uint64_t md_size, struct mapper_err *err)
   pthread_rwlockattr_destroy (&rwa);
   for (unsigned i = 0; i < POOL_CELLS; i++)
     pthread_mutex_init (&p->cells[i], NULL);
+  pthread_mutex_init (&p->drain_lock, NULL);
+  pthread_condattr_init (&ca);
+  pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
+  pthread_cond_init (&p->drain_cond, &ca);
+  pthread_condattr_destroy (&ca);
+  atomic_init (&p->drain_slot, -1);
   target_backend_hold (pc->md_be);
   target_backend_hold (pc->data_be);
   p->data_be = pc->data_be;
@@ -520,16 +679,19 @@ pool_find_or_create (struct pool_c *pc, uint64_t md_size,
                      struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&pools_lock);
-  struct pool *p;
+  struct pool *p = NULL;
   uint64_t blocks;
 
-  for (p = pools; p; p = p->next) {
-    if (p->md_be == pc->md_be)
-      break;
-    if (p->data_be == pc->data_be) {
+  /* Every pool: the one on this metadata device, if any, and none other
+   * on this data device (a reload of a pool onto another's data).
+   */
+  for (struct pool *q = pools; q; q = q->next) {
+    if (q->md_be == pc->md_be)
+      p = q;
+    else if (q->data_be == pc->data_be) {
       mapper_err_set (err, "data device %s is already the data device of "
                       "the pool on metadata device %s",
-                      backend_name (pc->data_be), backend_name (p->md_be));
+                      backend_name (pc->data_be), backend_name (q->md_be));
       return -EBUSY;
     }
   }
@@ -674,15 +836,18 @@ pool_presuspend (struct target *ti)
   struct pool *p = pc->pool;
 
   pthread_mutex_lock (&p->lock);
-  if (p->ti == ti)
+  if (p->ti == ti) {
     p->suspended = true;
+    pthread_cond_broadcast (&p->drain_cond);    /* wait_slot gives up */
+  }
   pthread_mutex_unlock (&p->lock);
 }
 
 /* dm's pool_postsuspend commits: a suspended pool is a committed one.
  * Only if it needs no wait: a thin write that holds commit_rw may be
- * held by this very suspend (a suspended mapper: data device), and the
- * commit thread will do it after the resume.
+ * held by this very suspend (a suspended mapper: data device), and so
+ * may fast-path clones a drain waits for (at this device's gate); the
+ * commit thread does it after the resume then.
  */
 static void
 pool_postsuspend (struct target *ti)
@@ -690,11 +855,8 @@ pool_postsuspend (struct target *ti)
   struct pool_c *pc = ti->private;
   struct pool *p = pc->pool;
 
-  if (!atomic_load (&p->commit_failed) && thin_md_changed (p->md) &&
-      pthread_rwlock_trywrlock (&p->commit_rw) == 0) {
-    pthread_rwlock_unlock (&p->commit_rw);
-    pool_commit (p);
-  }
+  if (!atomic_load (&p->commit_failed) && thin_md_changed (p->md))
+    pool_commit_how (p, COMMIT_TRY);
 }
 
 static void
@@ -732,12 +894,16 @@ pool_status (struct target *ti, enum status_type type, char *buf,
       EMIT ("Fail");
       return used;
     }
-    thin_md_get_transaction_id (p->md, &tid);
-    thin_md_get_free_metadata_blocks (p->md, &mfree);
-    thin_md_get_metadata_dev_size (p->md, &mtotal);
-    thin_md_get_free_data_blocks (p->md, &dfree);
-    thin_md_get_data_dev_size (p->md, &dtotal);
-    thin_md_get_metadata_snap (p->md, &held);
+    /* dm's pool_status says Error when it cannot tell. */
+    if (thin_md_get_transaction_id (p->md, &tid) < 0 ||
+        thin_md_get_free_metadata_blocks (p->md, &mfree) < 0 ||
+        thin_md_get_metadata_dev_size (p->md, &mtotal) < 0 ||
+        thin_md_get_free_data_blocks (p->md, &dfree) < 0 ||
+        thin_md_get_data_dev_size (p->md, &dtotal) < 0 ||
+        thin_md_get_metadata_snap (p->md, &held) < 0) {
+      EMIT ("Error");
+      return used;
+    }
     EMIT ("%" PRIu64 " %" PRIu64 "/%" PRIu64 " %" PRIu64 "/%" PRIu64 " ",
           tid, mtotal - mfree, mtotal, dtotal - dfree, dtotal);
     if (held)
@@ -881,7 +1047,12 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
   else if (strcmp (cmd, "delete") == 0) {
     if ((r = read_dev_id (cmd, argv[1], &id, err)) < 0)
       return r;
+    /* Its blocks may be shared with an open volume's in-flight I/O
+     * (a snapshot's, whose origin broke sharing since).
+     */
     r = thin_md_delete (p->md, id, perr);
+    if (r == 0)
+      pool_released (p);
   }
   else if (strcmp (cmd, "set_transaction_id") == 0) {
     uint64_t cur = 0;
@@ -891,7 +1062,11 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
                       parse_u64 (argv[1], &id) < 0 ? argv[1] : argv[2]);
       return -EINVAL;
     }
-    thin_md_get_transaction_id (p->md, &cur);
+    if ((r = thin_md_get_transaction_id (p->md, &cur)) < 0) {
+      mapper_err_set (err, "set_transaction_id: cannot read the "
+                      "transaction id: %s", mapper_strerror (-r));
+      return r;
+    }
     if (cur != id) {
       mapper_err_set (err, "set_transaction_id: the transaction id is %"
                       PRIu64 ", not %" PRIu64, cur, id);
@@ -925,8 +1100,11 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
       pool_md_failed (p, cmd, r, perr);
     return m;
   }
-  /* dm commits after every message. */
-  if ((r = pool_commit (p)) < 0) {
+  /* dm commits after every message; while the pool device is
+   * suspending with fast-path I/O to drain, the commit thread does it
+   * after the resume (this holds the device's lock).
+   */
+  if ((r = pool_commit_how (p, COMMIT_WAIT)) < 0 && r != -EAGAIN) {
     mapper_err_set (err, "%s: committing the metadata failed: the pool is "
                     "read-only now (needs_check)", cmd);
     return r;

@@ -80,35 +80,54 @@ read_unmapped (struct thin_c *tc, struct io_req *req, uint64_t off,
   return 0;
 }
 
+/* A fast-path clone is done (struct pool's io_epoch). */
+static int
+thin_io_done (struct clone *c, void *ctx, uint64_t slot, int error)
+{
+  pool_io_exit (ctx, slot);
+  (void) c;
+  return error;
+}
+
 static int
 thin_read (struct thin_c *tc, struct io_req *req, uint64_t off, uint64_t len,
            char *buf)
 {
-  const uint64_t bs = tc->pool->block_bytes;
+  struct pool *p = tc->pool;
+  const uint64_t bs = p->block_bytes;
   uint64_t pos = off, end = off + len;
   uint64_t vend = DIV_ROUND_UP (end, bs);
 
   while (pos < end) {
     uint64_t vb, ve, db, run_end;
     bool shared;
+    /* Counted from before the lookup until the clone is done. */
+    unsigned slot = pool_io_enter (p);
     int r;
 
     r = thin_md_find_mapped_range (tc->td, pos / bs, vend, &vb, &ve, &db,
                                    &shared);
+    if (r < 0)
+      pool_io_exit (p, slot);
     if (r == -ENODATA)
       return read_unmapped (tc, req, off, pos, end, buf);
     if (r < 0)
       return lookup_failed (tc, r);
     if (vb * bs > pos) {
-      if ((r = read_unmapped (tc, req, off, pos, vb * bs, buf)) < 0)
+      if ((r = read_unmapped (tc, req, off, pos, vb * bs, buf)) < 0) {
+        pool_io_exit (p, slot);
         return r;
+      }
       pos = vb * bs;
     }
     run_end = MIN (end, ve * bs);
-    r = io_emit (req, tc->pool_be, db * bs + (pos - vb * bs), run_end - pos,
-                 buf + (pos - off));
-    if (r < 0)
+    r = io_emit_end_io (req, tc->pool_be, db * bs + (pos - vb * bs),
+                        run_end - pos, buf + (pos - off), thin_io_done, p,
+                        slot);
+    if (r < 0) {
+      pool_io_exit (p, slot);
       return r;
+    }
     pos = run_end;
   }
   return 0;
@@ -175,15 +194,16 @@ fill_new_block (struct thin_c *tc, struct backend *data, uint64_t vblock,
  */
 static int
 thin_provision (struct thin_c *tc, enum io_op op, uint64_t vblock,
-                uint64_t boff, uint64_t len, char *buf, uint32_t flags)
+                uint64_t boff, uint64_t len, char *buf)
 {
   struct pool *p = tc->pool;
   const uint64_t bs = p->block_bytes;
   pthread_mutex_t *cell = pool_cell (p, tc->dev_id, vblock);
-  uint64_t old = 0, nb;
+  uint64_t old = 0, nb, gen, deadline = 0, asked = 0;
   bool shared = false, mapped;
   int r;
 
+ again:
   if ((r = pool_wait_running (p)) < 0)
     return r;
   pthread_mutex_lock (cell);
@@ -195,15 +215,29 @@ thin_provision (struct thin_c *tc, enum io_op op, uint64_t vblock,
   }
   mapped = r == 0;
   if (mapped && !shared) {
-    /* Another write provisioned it while this one waited for the cell. */
-    r = io_sync (op, p->data_be, old * bs + boff, len, buf, flags);
+    /* Another write provisioned it while this one waited for the cell
+     * (commit_rw shared: no commit, so no reuse, before it is done).
+     */
+    r = io_sync (op, p->data_be, old * bs + boff, len, buf, 0);
     goto out;
   }
   if (!mapped && op == IO_ZERO && tc->origin_be == NULL) {
     r = 0;                      /* reads as zeros already */
     goto out;
   }
-  if ((r = pool_alloc_block (p, &nb)) < 0)
+  r = pool_alloc_block (p, &nb, &gen);
+  if (r == -EAGAIN) {
+    /* Queued for space: wait holding no cell (it would hold up every
+     * block hashed to it) and no commit_rw (a reload binds under it).
+     * Another write may provision the block meanwhile: look again.
+     */
+    pthread_rwlock_unlock (&p->commit_rw);
+    pthread_mutex_unlock (cell);
+    if ((r = pool_wait_space (p, gen, &deadline, &asked)) < 0)
+      return r;
+    goto again;
+  }
+  if (r < 0)
     goto out;
   /* The rest of the block, unless the write covers it. */
   r = fill_new_block (tc, p->data_be, vblock, mapped, old, nb, 0, boff);
@@ -214,7 +248,9 @@ thin_provision (struct thin_c *tc, enum io_op op, uint64_t vblock,
     r = io_sync (op, p->data_be, nb * bs + boff, len, buf, 0);
   if (r < 0) {
     /* The data did not land: give the block back, unmapped. */
-    thin_md_release_data_block (p->md, nb);
+    int rr = thin_md_release_data_block (p->md, nb);
+    if (rr < 0)
+      pool_md_failed (p, "releasing a data block", rr, NULL);
     goto out;
   }
   r = thin_md_insert_block (tc->td, vblock, nb);
@@ -222,6 +258,12 @@ thin_provision (struct thin_c *tc, enum io_op op, uint64_t vblock,
     pool_md_failed (p, "inserting a mapping", r, NULL);
     r = -EIO;
   }
+  else if (mapped)
+    /* The shared block lost a reference: if the sharer is deleted
+     * before the commit, it is free, and fast-path reads of it may
+     * still be in flight.
+     */
+    pool_released (p);
 
  out:
   pthread_rwlock_unlock (&p->commit_rw);
@@ -248,18 +290,32 @@ thin_write (struct thin_c *tc, struct io_req *req, enum io_op op,
     uint64_t n = MIN (end - pos, bs - boff), db;
     char *pbuf = buf_at (buf, pos - off);
     bool shared;
+    /* Counted from before the lookup (struct pool's io_epoch). */
+    unsigned slot = pool_io_enter (p);
 
     r = thin_md_find_block (tc->td, vb, &db, &shared);
-    if (r < 0 && r != -ENODATA)
+    if (r < 0 && r != -ENODATA) {
+      pool_io_exit (p, slot);
       return lookup_failed (tc, r);
-    if (r == 0 && !shared && !fua)
-      r = io_emit (req, tc->pool_be, db * bs + boff, n, pbuf);
-    else if (r == 0 && !shared)
+    }
+    if (r == 0 && !shared && !fua) {
+      /* ... until the clone is done. */
+      r = io_emit_end_io (req, tc->pool_be, db * bs + boff, n, pbuf,
+                          thin_io_done, p, slot);
+      if (r < 0)
+        pool_io_exit (p, slot);
+    }
+    else if (r == 0 && !shared) {
       r = io_sync (op, tc->pool_be, db * bs + boff, n, pbuf, 0);
-    else if (pool_mode (p) == PM_READ_ONLY || pool_mode (p) == PM_FAIL)
-      r = -EIO;
-    else
-      r = thin_provision (tc, op, vb, boff, n, pbuf, 0);
+      pool_io_exit (p, slot);
+    }
+    else {
+      pool_io_exit (p, slot);
+      if (pool_mode (p) == PM_READ_ONLY || pool_mode (p) == PM_FAIL)
+        r = -EIO;
+      else
+        r = thin_provision (tc, op, vb, boff, n, pbuf);
+    }
     if (r < 0)
       return r;
     pos += n;
@@ -341,6 +397,8 @@ thin_discard (struct thin_c *tc, uint64_t off, uint64_t len)
       r = -EIO;
       break;
     }
+    /* The next commit waits for fast-path I/O to them first. */
+    pool_released (p);
     b = ve;
   }
   pthread_rwlock_unlock (&p->commit_rw);
@@ -472,15 +530,24 @@ thin_status (struct target *ti, enum status_type type, char *buf,
   size_t used = 0;
 
   if (type == STATUSTYPE_INFO) {
-    uint64_t mapped = 0, highest;
+    uint64_t mapped = 0, highest = 0;
+    int r;
 
     if (pool_mode (tc->pool) == PM_FAIL) {
       EMIT ("Fail");
       return used;
     }
-    thin_md_dev_mapped_count (tc->td, &mapped);
+    /* dm's thin_status says Error when it cannot tell (a mapping tree
+     * block that does not read back), "-" only when nothing is mapped.
+     */
+    if (thin_md_dev_mapped_count (tc->td, &mapped) < 0 ||
+        ((r = thin_md_dev_highest_mapped (tc->td, &highest)) < 0 &&
+         r != -ENODATA)) {
+      EMIT ("Error");
+      return used;
+    }
     EMIT ("%" PRIu64 " ", mapped * tc->pool->block_sectors);
-    if (thin_md_dev_highest_mapped (tc->td, &highest) == 0)
+    if (r == 0)
       EMIT ("%" PRIu64, (highest + 1) * tc->pool->block_sectors - 1);
     else
       EMIT ("-");

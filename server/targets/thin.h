@@ -96,6 +96,34 @@ struct pool {
   struct backend *data_be;      /* own reference; the bound target's */
 
   pthread_mutex_t cells[POOL_CELLS];
+
+  /* In-flight I/O of the thin devices' fast path (dm's deferred set):
+   * a read or write of a mapped block looks the mapping up and sends a
+   * clone to the data block with no lock held, so a discard (or a
+   * delete, or a write breaking sharing) may release the block under
+   * it.  A released block is handed out again only after a commit
+   * (space-map-disk.c), and a commit that follows a release first waits
+   * until every such clone that may have seen the old mapping is done:
+   * otherwise its late write would land in, or its late read return,
+   * the data of the volume the block went to next.
+   *
+   * Each fast-path lookup and its clone count in io_count[epoch & 1]
+   * (pool_io_enter, pool_io_exit from the clone's end_io).  A drain
+   * (thin-pool.c's pool_drain) moves the epoch on, so that new I/O
+   * counts in the other slot, and waits for the old slot to empty.
+   * Drains are serialised (drain_lock) and never move the epoch while
+   * the other slot is still draining (drain_slot), so every counted I/O
+   * older than a drain is in the slot it waits for.  Nothing on the fast
+   * path takes a lock: two atomic additions and a load per clone.
+   */
+  _Atomic uint64_t io_epoch;
+  _Atomic uint64_t io_count[2];
+  _Atomic unsigned drain_waiters;       /* under lock: in wait_slot */
+  _Atomic bool released;        /* data blocks released since the last
+                                 * drain moved the epoch on */
+  _Atomic int drain_slot;       /* a slot being drained, or -1 */
+  pthread_mutex_t drain_lock;
+  pthread_cond_t drain_cond;    /* under lock; pool_io_exit wakes it */
 };
 
 /* thin-pool.c, for thin.c. */
@@ -115,10 +143,18 @@ int pool_is_peer (struct target *peer, void *opaque);
  */
 int pool_commit (struct pool *p);
 /* A new data block for a write, commit_rw held shared (dropped and taken
- * again while waiting for space).  0, -ENOSPC (error_if_no_space, the
- * wait timed out), -ESHUTDOWN, -EIO.
+ * again for a commit that may free some).  0, -EAGAIN (none free,
+ * queue_if_no_space, or that commit must wait for a resume: drop every
+ * lock, pool_wait_space (gen), and try again), -ENOSPC
+ * (error_if_no_space), -ESHUTDOWN, -EIO.
  */
-int pool_alloc_block (struct pool *p, uint64_t *block);
+int pool_alloc_block (struct pool *p, uint64_t *block, uint64_t *gen);
+/* Wait, holding no pool lock, until a bind or a commit that frees space
+ * moves space_gen on from gen: 0; -ENOSPC once *deadline (set at the
+ * first call: dm's no_space_timeout) has passed; -ESHUTDOWN.
+ */
+int pool_wait_space (struct pool *p, uint64_t gen, uint64_t *deadline,
+                     uint64_t *asked);
 /* A metadata operation failed: switch to read-only (dm's
  * metadata_operation_failed).
  */
@@ -132,6 +168,44 @@ static inline enum pool_mode
 pool_mode (struct pool *p)
 {
   return atomic_load_explicit (&p->mode, memory_order_relaxed);
+}
+
+/* The last fast-path I/O of a slot a drain waits for is done. */
+void pool_io_drained (struct pool *p);
+
+/* A fast-path lookup and the clone it sends end (the clone's end_io). */
+static inline void
+pool_io_exit (struct pool *p, unsigned slot)
+{
+  if (atomic_fetch_sub (&p->io_count[slot], 1) == 1 &&
+      atomic_load (&p->drain_waiters) != 0)
+    pool_io_drained (p);
+}
+
+/* Before a fast-path lookup: the slot its I/O counts in until
+ * pool_io_exit.  The epoch is read again after counting: a drain that
+ * moved it meanwhile may have found the old slot empty already.
+ */
+static inline unsigned
+pool_io_enter (struct pool *p)
+{
+  for (;;) {
+    uint64_t e = atomic_load (&p->io_epoch);
+
+    atomic_fetch_add (&p->io_count[e & 1], 1);
+    if (atomic_load (&p->io_epoch) == e)
+      return e & 1;
+    pool_io_exit (p, e & 1);
+  }
+}
+
+/* Data blocks may have been released (by the caller, commit_rw held
+ * shared, after releasing them): the next commit drains first.
+ */
+static inline void
+pool_released (struct pool *p)
+{
+  atomic_store (&p->released, true);
 }
 
 #endif /* NBDMAPPER_TARGETS_THIN_H */
