@@ -931,7 +931,13 @@ parse_options (int argc, char *argv[], bool batch_line)
       opts.given |= O_BACKENDS;
       opts.flags |= PROTO_F_BACKENDS;
       break;
-    case 'u': opts.given |= O_UUID; opts.uuid = optarg; break;
+    case 'u':
+      /* "" would match the first device without a uuid. */
+      if (*optarg == '\0')
+        die ("-u: the uuid is empty");
+      opts.given |= O_UUID;
+      opts.uuid = optarg;
+      break;
     case OPT_TABLE: opts.given |= O_TABLE; opts.table_text = optarg; break;
     case OPT_TIMEOUT: opts.timeout = parse_seconds ("--timeout", optarg); break;
     case OPT_CLEAR: opts.given |= O_CLEAR; opts.flags |= PROTO_F_CLEAR; break;
@@ -1603,6 +1609,15 @@ find_verb (const char *cmd, int argc, char *argv[])
     }
     if (argc < min || argc > max)
       die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
+    /* An empty NAME names no device: the server would take it for
+     * "every device" where NAME is optional.
+     */
+    if ((v->named || v->run == run_create) && !opts.uuid && argc > 0 &&
+        *argv[0] == '\0')
+      die ("%s: the device name is empty", cmd);
+    if (v->run == run_plain && v->code == PROTO_CMD_RENAME &&
+        *argv[argc - 1] == '\0')
+      die ("%s: the new name is empty", cmd);
     /* The table is the argument after NAME or --table, not both. */
     if (opts.table_text && argc == max && argc > min)
       die ("%s: a table file ('%s') and --table: give one of them", cmd,
