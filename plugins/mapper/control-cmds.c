@@ -194,7 +194,7 @@ emit_lines (struct reply *rp, const char *cmd, struct device *dev,
     fprintf (rp->out, "%s\t%.*s\n", name, (int) n, p);
     p += n + (nl != NULL);
   }
-  free (text);
+  free_secret (text);          /* table --showkeys */
   return 0;
 }
 
@@ -343,14 +343,14 @@ cmd_create (struct reply *rp, struct proto_request *req)
       goto err_dev;
     }
   }
-  free (text);
+  free_secret (text);
   return 0;
 
  err_dev:
   device_destroy (dev);
  err:
   table_free (t);
-  free (text);
+  free_secret (text);
   return -1;
 }
 
@@ -449,7 +449,7 @@ save_live (struct reply *rp, struct device *dev, const char *name,
   if ((ls->old_text = device_table_text (dev, false, &r)) == NULL)
     return reply_fail (rp, -r, "out of memory");
   if (save (rp, name, ls->uuid, read_only, text) == -1) {
-    free (ls->old_text);
+    free_secret (ls->old_text);
     ls->old_text = NULL;
     return -1;
   }
@@ -465,7 +465,7 @@ save_live_end (struct live_save *ls, bool put_back)
   if (ls->old_text && put_back)
     unsave (ls->name, ls->uuid, ls->old_read_only, ls->old_text);
   free (ls->uuid);
-  free (ls->old_text);
+  free_secret (ls->old_text);
 }
 
 static int
@@ -502,7 +502,7 @@ cmd_resume (struct reply *rp, struct proto_request *req)
     reply_fail (rp, -r, "resume: %s", err.msg);
  out:
   save_live_end (&ls, r < 0 && !swapped);
-  free (text);
+  free_secret (text);
   device_put (dev);
   return r < 0 ? -1 : 0;
 }
@@ -543,7 +543,7 @@ cmd_replace (struct reply *rp, struct proto_request *req)
  out:
   save_live_end (&ls, r < 0 && !swapped);
   table_free (t);
-  free (text);
+  free_secret (text);
   device_put (dev);
   return r < 0 ? -1 : 0;
 }
@@ -567,9 +567,9 @@ cmd_remove (struct reply *rp, struct proto_request *req)
   /* The file first: a device removed whose file could not be was back
    * at the next start, after a remove that had reported failure.
    */
-  if (persist_remove_begin (req->args[0], &msg) < 0) {
+  if ((r = persist_remove_begin (req->args[0], &msg)) < 0) {
     device_put (dev);
-    return persist_reply (rp, EIO, msg);
+    return persist_reply (rp, -r, msg);
   }
   r = device_remove (dev, req->flags & PROTO_F_FORCE, &err);
   device_put (dev);
@@ -611,9 +611,9 @@ cmd_rename (struct reply *rp, struct proto_request *req)
     device_put (dev);
     return -1;
   }
-  if (persist_rename (req->args[0], req->args[1], &msg) < 0) {
+  if ((r = persist_rename (req->args[0], req->args[1], &msg)) < 0) {
     device_put (dev);
-    return persist_reply (rp, EIO, msg);
+    return persist_reply (rp, -r, msg);
   }
   r = device_rename (dev, req->args[1], &err);
   device_put (dev);
@@ -639,17 +639,22 @@ save_message (struct reply *rp, struct device *dev, const char *name)
   char *msg = NULL, *uuid, *text;
   int r = persist_check_saved (name, &msg);
 
-  free (msg);
-  if (r == -EPERM)
+  if (r == -EPERM) {
+    free (msg);
     return 0;
-  if ((text = device_table_text (dev, false, &r)) == NULL)
-    return reply_fail (rp, -r, "message %s: out of memory", name);
-  uuid = device_uuid (dev);
-  device_get_info (dev, &info);
-  r = persist_write (name, uuid, info.live_ro, text, &msg);
-  OPENSSL_cleanse (text, strlen (text));   /* may hold a crypt key */
-  free (text);
-  free (uuid);
+  }
+  /* Not known to be DIR's (an unreadable DIR, a symlink loop): refused
+   * as every other change is, but the change is made already.
+   */
+  if (r == 0) {
+    if ((text = device_table_text (dev, false, &r)) == NULL)
+      return reply_fail (rp, -r, "message %s: out of memory", name);
+    uuid = device_uuid (dev);
+    device_get_info (dev, &info);
+    r = persist_write (name, uuid, info.live_ro, text, &msg);
+    free_secret (text);
+    free (uuid);
+  }
   if (r < 0) {
     reply_fail (rp, -r, "message %s: the change is live but was not saved: "
                 "%s", name, msg ? msg : "out of memory");
