@@ -6,6 +6,7 @@
 #include <config.h>
 
 #include <assert.h>
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -480,6 +481,17 @@ json_string (const char *s)
       putchar (ch);
   }
   putchar ('"');
+}
+
+/* s is a decimal number that fits in 64 bits. */
+static bool
+is_u64 (const char *s)
+{
+  char *end;
+
+  errno = 0;
+  strtoull (s, &end, 10);
+  return isdigit (*s) && !errno && *end == '\0';
 }
 
 /* Split payload into lines of tab-separated fields (in place). */
@@ -1302,14 +1314,19 @@ print_clients (char *p)
             "Since", "InFlight", "Requests");
   for (size_t i = 0; i < n; i++) {
     char **f = rows[i].f;
-    char since[32] = "?";
+    char since[32] = "?", *end;
     double t;
     time_t secs;
     struct tm tm;
 
     if (rows[i].n < 7)
       die ("clients: malformed response");
-    t = strtod (f[4], NULL);
+    /* Printed as they are in the JSON: numbers, or it would not be. */
+    errno = 0;
+    t = strtod (f[4], &end);
+    if (errno || end == f[4] || *end || !isdigit (*f[4]) || !(t < 1e18) ||
+        !is_u64 (f[5]) || !is_u64 (f[6]))
+      die ("clients: malformed response (row %zu)", i + 1);
     secs = (time_t) t;
     if (gmtime_r (&secs, &tm))
       strftime (since, sizeof since, "%Y-%m-%dT%H:%M:%SZ", &tm);
@@ -1599,6 +1616,8 @@ find_verb (const char *cmd, int argc, char *argv[])
     if (v->run == NULL)
       die ("%s: not for nbdmapper: %s", cmd, v->why_not);
     check_options (v);
+    if (v->run == run_info && (opts.given & O_COLUMNS) && opts.json)
+      die ("info -c: --json gives every field already: give one of them");
     /* -u UUID stands for NAME. */
     if (v->named && opts.uuid) {
       if (max == 1 && argc == 1)
