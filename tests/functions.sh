@@ -98,7 +98,8 @@ trap 'exit 143' TERM
 # list, see configure.ac); leaks are not reported (most would be
 # nbdkit's) and a report exits 99.  Python programs that start nbdkit get
 # the same from NBDMAPPER_PLUGIN_ENV, one VAR=VALUE a line
-# (nbdcheck.mapper_command).
+# (nbdcheck.mapper_command; nbdcheck.mapper_run runs such a server in
+# the foreground and checks its exit status).
 plugin_env=()
 if [ -n "$SANITIZER_LIBASAN" ]; then
     plugin_env=(LD_PRELOAD="$SANITIZER_LIBASAN"
