@@ -389,6 +389,11 @@ cmd_clear (struct reply *rp, struct proto_request *req)
   return 0;
 }
 
+/* Called without the control lock: its drain waits for the requests in
+ * flight, which may wait for another device's resume (one stacked on a
+ * suspended device), and that resume needs the lock.  What else would
+ * change this device meanwhile is refused by the engine (-EBUSY).
+ */
 static int
 cmd_suspend (struct reply *rp, struct proto_request *req)
 {
@@ -401,6 +406,10 @@ cmd_suspend (struct reply *rp, struct proto_request *req)
     return -1;
   r = device_suspend (dev, req->flags & PROTO_F_NOFLUSH);
   device_put (dev);
+  if (r == -EBUSY)
+    return reply_fail (rp, EBUSY, "suspend %s: another suspend (or a swap) "
+                       "is waiting for its requests in flight: retry once "
+                       "it is done", req->args[0]);
   if (r < 0)
     return reply_fail (rp, -r, "suspend %s: flush failed: %s", req->args[0],
                        mapper_strerror (-r));
@@ -889,7 +898,7 @@ control_run (struct reply *rp, struct proto_request *req)
   }
   nbdkit_debug ("control: %s (%u args)", proto_cmd_name (req->cmd),
                 req->nargs);
-  if (req->cmd == PROTO_CMD_WAIT)
+  if (req->cmd == PROTO_CMD_WAIT || req->cmd == PROTO_CMD_SUSPEND)
     commands[req->cmd] (rp, req);
   else {
     pthread_mutex_lock (&control_lock);
