@@ -165,6 +165,15 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
     mapper_err_set (err, "device '%s' has no live table", dev->name);
     return -ENXIO;
   }
+  /* A message (a crypt key wiped) must not change the table under the
+   * requests a suspend is waiting for.
+   */
+  if (dev->draining) {
+    mapper_err_set (err, "device '%s': a suspend (or a swap) is waiting for "
+                    "its requests in flight: retry once it is done",
+                    dev->name);
+    return -EBUSY;
+  }
   if (sector >= dev->live->caps.size >> MAPPER_SECTOR_SHIFT) {
     mapper_err_set (err, "sector %" PRIu64 " is beyond the end of device "
                     "'%s' (%" PRIu64 " sectors)", sector, dev->name,

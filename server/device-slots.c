@@ -84,8 +84,10 @@ suspend_locked (struct device *dev, bool noflush)
    */
   if (dev->live)
     table_presuspend (dev->live);
+  dev->draining = true;
   while (atomic_load (&dev->inflight) != 0)
     pthread_cond_wait (&dev->drain_cond, &dev->lock);
+  dev->draining = false;
   /* Background work (mirror resync) stops too: nothing writes the
    * table's backends until resume.
    */
@@ -101,12 +103,33 @@ suspend_locked (struct device *dev, bool noflush)
   return r;
 }
 
+/* Another suspend, resume or replace of dev waits for its requests in
+ * flight (dev->lock held): -EBUSY and err says so.  The control export
+ * runs suspend without its lock (a drain may wait for a lower device's
+ * resume): what it would otherwise serialise is refused here.
+ */
+static int
+refuse_if_draining (struct device *dev, struct mapper_err *err)
+{
+  if (!dev->draining)
+    return 0;
+  if (err)
+    mapper_err_set (err, "device '%s': a suspend (or a swap) is waiting for "
+                    "its %u request%s in flight: retry once it is done",
+                    dev->name, atomic_load (&dev->inflight),
+                    atomic_load (&dev->inflight) == 1 ? "" : "s");
+  return -EBUSY;
+}
+
 int
 device_suspend (struct device *dev, bool noflush)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
-  return suspend_locked (dev, noflush);
+  int r = refuse_if_draining (dev, NULL);
+
+  return r < 0 ? r : suspend_locked (dev, noflush);
 }
+
 
 /* --- the slots: load, resume, clear, replace ------------------------- */
 
@@ -222,6 +245,10 @@ device_resume_swapped (struct device *dev, bool *swapped,
     return r;
 
   pthread_mutex_lock (&dev->lock);
+  if ((r = refuse_if_draining (dev, err)) < 0) {
+    pthread_mutex_unlock (&dev->lock);
+    return r;
+  }
   /* The table about to run may refuse (dm's preresume: a crypt key
    * wiped): the device then stays as it is, suspended or not.
    */
@@ -305,6 +332,11 @@ device_replace (struct device *dev, struct table *t, bool *swapped,
     return r;
   }
   pthread_mutex_lock (&dev->lock);
+  if ((r = refuse_if_draining (dev, err)) < 0) {
+    pthread_mutex_unlock (&dev->lock);
+    table_free (t);
+    return r;
+  }
   if ((r = dropped_backends (dev->live, t, &dropped)) < 0) {
     pthread_mutex_unlock (&dev->lock);
     mapper_err_set (err, "out of memory");

@@ -135,6 +135,9 @@ int device_create (const char *name, struct device **out,
 int device_check_table (struct device *dev, const struct table *t,
                         struct mapper_err *err);
 int device_load (struct device *dev, struct table *t);  /* takes t */
+/* -EBUSY while another suspend, resume or replace of dev waits for its
+ * requests in flight; else the flush's error (noflush: none).
+ */
 int device_suspend (struct device *dev, bool noflush);
 /* Swap in the inactive table (if any) and let requests in.  Refused,
  * changing nothing, if the inactive table would break a device stacked

@@ -265,6 +265,12 @@ struct device {
   pthread_mutex_t lock;
   pthread_cond_t gate_cond;
   pthread_cond_t drain_cond;
+  /* A suspend (or the swap of a resume or replace) waits on drain_cond,
+   * with lock released: until it is done, what would change the live
+   * table or the gate is refused (-EBUSY), as a command that waited
+   * would hold the control export's lock meanwhile.
+   */
+  bool draining;
   struct table *inactive;
   _Atomic unsigned open_count;
   /* Backends stacking on this device (device_get_stacked): while 0, no

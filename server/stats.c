@@ -289,14 +289,21 @@ set_free (struct stats_set *s)
   free (s);
 }
 
+/* The number of target regions of t's set (0: too many targets). */
+static size_t
+target_regions (const struct table *t)
+{
+  return t->nr_targets <= MAPPER_STATS_MAX_TARGET_REGIONS ? t->nr_targets
+    : 0;
+}
+
 /* The set of t's regions, counting since dev_since (the device region)
  * and since (the targets'); NULL if out of memory or off.
  */
 static struct stats_set *
 set_new (const struct table *t, uint64_t dev_since, uint64_t since)
 {
-  size_t nt = t->nr_targets <= MAPPER_STATS_MAX_TARGET_REGIONS
-    ? t->nr_targets : 0;
+  size_t nt = target_regions (t);
   size_t nregions = 1 + nt, nvalues = V_DEVICE + nt * V_TARGET;
   struct stats_set *s;
   uint64_t *v;
@@ -379,6 +386,11 @@ stats_swap (struct device *dev, const struct table *t)
       !mapper_stats_disabled && mapper_debug)
     mapper_debug ("device %s: statistics lost at the swap: out of memory",
                   dev->name);
+  /* The old set's counts go with it: the device region counts again
+   * from now, as its targets' do (its interval was that of counts lost).
+   */
+  if (old && s == NULL)
+    dev->stats_since_dev = now;
   /* What the old set counted goes on where the region still is: the
    * device always, a target region of the same start and length.
    */
@@ -417,21 +429,20 @@ device_stats (struct device *dev, long region, bool clear,
               void *opaque, struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
-  struct stats_set *s = atomic_load (&dev->stats), *tmp = NULL;
+  struct stats_set *s = atomic_load (&dev->stats);
   struct mapper_stats_region out;
   uint64_t sum[V_DEVICE];
   size_t lo = 0, hi;
   int r = 0;
 
-  /* Nothing counted since the swap.  A read alone does not make the
-   * set (a monitor reading 10,000 idle devices would give each one):
-   * its zeros come from a set made for the read.  A clear needs the
-   * set, to start from.
+  /* Nothing counted since the swap.  A read or a check alone makes no
+   * set (a monitor reading 10,000 idle devices would give each one, and
+   * an idle device costs nothing): its regions are the live table's,
+   * all zeros.  A clear needs the set, to start from.
    */
-  if (s == NULL && dev->live)
-    s = clear ? install (dev, dev->live)
-      : (tmp = set_new (dev->live, dev->stats_since_dev, dev->stats_since));
-  if (s == NULL) {
+  if (s == NULL && dev->live && clear)
+    s = install (dev, dev->live);
+  if (s == NULL && (dev->live == NULL || clear || mapper_stats_disabled)) {
     if (dev->live == NULL) {
       mapper_err_set (err, "device '%s' has no live table", dev->name);
       return -ENXIO;
@@ -445,27 +456,41 @@ device_stats (struct device *dev, long region, bool clear,
                     dev->name);
     return -ENOMEM;
   }
-  hi = s->nr_targets;
+  hi = s ? s->nr_targets : target_regions (dev->live);
   if (region >= 0) {
-    if ((size_t) region > s->nr_targets) {
-      if (s->nr_targets)
+    if ((size_t) region > hi) {
+      if (hi)
         mapper_err_set (err, "device '%s' has no region %ld: regions are "
                         "0 (the device) to %zu (its targets)", dev->name,
-                        region, s->nr_targets);
+                        region, hi);
       else
         mapper_err_set (err, "device '%s' has no region %ld: only region 0 "
                         "(the device)%s", dev->name, region,
                         dev->live->nr_targets > MAPPER_STATS_MAX_TARGET_REGIONS
                         ? ", its table has too many targets for one region "
                         "each" : "");
-      set_free (tmp);
       return -EINVAL;
     }
     lo = hi = region;
   }
-  if (fn == NULL) {
-    set_free (tmp);
+  if (fn == NULL)
     return 0;                   /* checked only */
+  if (s == NULL) {
+    /* Idle: zeros over the intervals since the swap. */
+    const struct table *t = dev->live;
+    uint64_t now = monotonic_ns ();
+
+    for (size_t i = lo; i <= hi && r == 0; i++) {
+      memset (&out, 0, sizeof out);
+      out.id = i;
+      out.start = i ? t->targets[i - 1].begin : 0;
+      out.len = i ? t->targets[i - 1].len : t->caps.size;
+      out.type = i ? t->targets[i - 1].type->name : "device";
+      out.interval_ns = now - (i ? dev->stats_since : dev->stats_since_dev);
+      out.has_histograms = i == 0;
+      r = fn (&out, opaque);
+    }
+    return r;
   }
   for (size_t i = lo; i <= hi && r == 0; i++) {
     struct stats_region *rg = &s->regions[i];
@@ -509,6 +534,5 @@ device_stats (struct device *dev, long region, bool clear,
       rg->since_ns = now;
     }
   }
-  set_free (tmp);
   return r;
 }

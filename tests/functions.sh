@@ -98,7 +98,8 @@ trap 'exit 143' TERM
 # list, see configure.ac); leaks are not reported (most would be
 # nbdkit's) and a report exits 99.  Python programs that start nbdkit get
 # the same from NBDMAPPER_PLUGIN_ENV, one VAR=VALUE a line
-# (nbdcheck.mapper_command).
+# (nbdcheck.mapper_command; nbdcheck.mapper_run runs such a server in
+# the foreground and checks its exit status).
 plugin_env=()
 if [ -n "$SANITIZER_LIBASAN" ]; then
     plugin_env=(LD_PRELOAD="$SANITIZER_LIBASAN"
@@ -179,7 +180,7 @@ _harness_opts ()
 
 mapper ()
 {
-    local opts=() rc=0
+    local opts=() rc=0 runpid= runerr= teepid= errfd pid i
     _harness_opts "$@"; shift "$_shift"
     # The plugin goes after the leading options.
     while [ $# -gt 0 ] && [[ $1 == -* ]]; do
@@ -194,15 +195,59 @@ mapper ()
     esac
     $_fg || die "mapper $*: a server that outlives the call (no --run," \
                 "no -f) is started with start_server"
+    # Under a sanitizer, --run's server is a process of nbdkit's that no
+    # one waits for: its exit status (99 after a report) is lost, and its
+    # report may come after nbdkit has returned.  Its pid file says which
+    # process it is: once it is gone, a report on its stderr (which goes
+    # through to ours as well) fails the test.
+    if $_run && $_mine && [ "${#plugin_env[@]}" -gt 0 ]; then
+        runerr=$tmpdir/mapper-run.err
+        if [ -z "$_pidfile" ]; then
+            runpid=$tmpdir/mapper-run.pid
+            _preopts=(-P "$runpid")
+            _server_cmd "${opts[@]}" mapper "$@"
+        else
+            runpid=$_pidfile
+        fi
+        rm -f "$runpid"
+        : > "$runerr"
+        exec {errfd}> >(tee -a "$runerr" >&2)
+        teepid=$!
+    else
+        exec {errfd}>&2
+    fi
     if [ -n "$_timeout" ]; then
-        timeout -k 5 "$_timeout" "${_cmd[@]}" || rc=$?
+        timeout -k 5 "$_timeout" "${_cmd[@]}" 2>&"$errfd" || rc=$?
         if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
             echo "$0: FAIL: nbdkit mapper $* did not exit within" \
                  "$_timeout s: killed" >&2
             _stop_failed=1
         fi
     else
-        "${_cmd[@]}" || rc=$?
+        "${_cmd[@]}" 2>&"$errfd" || rc=$?
+    fi
+    exec {errfd}>&-
+    if [ -n "$runerr" ]; then
+        if [ -s "$runpid" ]; then
+            pid=$(cat "$runpid")
+            for (( i = 0; i < 100; i++ )); do
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.1
+            done
+        fi
+        # tee ends once no process (a server, a command's leftover) holds
+        # the pipe.
+        for (( i = 0; i < 50; i++ )); do
+            kill -0 "$teepid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if grep -Eq '==[0-9]+==ERROR: [A-Za-z]+Sanitizer|runtime error:' \
+                "$runerr"; then
+            echo "$0: FAIL: nbdkit mapper $*: a sanitizer report (above)" \
+                 "from the server of --run" >&2
+            _stop_failed=1
+            [ "$rc" -ne 0 ] || rc=99
+        fi
     fi
     return "$rc"
 }

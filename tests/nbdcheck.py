@@ -3,8 +3,10 @@
 tests/functions.sh puts this directory on PYTHONPATH)."""
 import errno
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 import nbd
@@ -65,19 +67,70 @@ def when_back(f, *args, seconds=60, what="the device did not come back"):
             time.sleep(0.1)
 
 
-def mapper_command(options, args, run=None):
-    """The command line of nbdkit OPTIONS <the freshly built plugin> ARGS
-    [--run RUN], as tests/functions.sh's mapper () runs it: in the
-    environment it sets up for the plugin (NBDMAPPER_PLUGIN_ENV: under a
-    sanitizer build, the runtime preloaded), which RUN does not get."""
+def mapper_command(options, args):
+    """The command line of nbdkit OPTIONS <the freshly built plugin> ARGS,
+    as tests/functions.sh's mapper () runs it: in the environment it sets
+    up for the plugin (NBDMAPPER_PLUGIN_ENV: under a sanitizer build, the
+    runtime preloaded)."""
     env = [v for v in os.environ.get("NBDMAPPER_PLUGIN_ENV", "").split("\n")
            if v]
     cmd = (["env"] + env if env else []) + ["nbdkit"] + list(options)
-    cmd += [os.environ["PLUGIN"]] + list(args)
-    if run is not None:
-        cmd += ["--run", ("unset LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS; " if env else "")
-                + run]
-    return cmd
+    return cmd + [os.environ["PLUGIN"]] + list(args)
+
+
+def mapper_run(options, args, run, timeout=300):
+    """nbdkit OPTIONS <the plugin> ARGS serving on a Unix socket while the
+    shell command RUN runs (with $unixsocket and $uri, as nbdkit's --run
+    sets them, and without the sanitizer runtime), then stopped with
+    SIGTERM.  Not nbdkit's --run: its exit status is the command's, and
+    the server's own (99 after a sanitizer report, which it prints after
+    --run has returned) is seen by no one.  Here the server runs in the
+    foreground, as start_server runs it under a sanitizer: a
+    CompletedProcess whose returncode is the command's, or else the
+    server's (it must exit 0 on SIGTERM), and whose stderr has both."""
+    d = tempfile.mkdtemp(prefix="mapper-run.")
+    sock, pidfile = os.path.join(d, "sock"), os.path.join(d, "pid")
+    errfile = os.path.join(d, "stderr")
+    try:
+        with open(errfile, "w") as err:
+            srv = subprocess.Popen(
+                mapper_command(["-f", "-U", sock, "-P", pidfile] +
+                               list(options), args),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=err)
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(pidfile) and os.path.getsize(pidfile)):
+            if srv.poll() is not None or time.monotonic() > deadline:
+                if srv.poll() is None:
+                    srv.kill()
+                srv.wait()
+                return subprocess.CompletedProcess(
+                    run, srv.returncode or 1, "",
+                    "nbdkit exited %s before it served:\n%s"
+                    % (srv.returncode, open(errfile).read()))
+            time.sleep(0.05)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
+        env.update(unixsocket=sock, uri="nbd+unix://?socket=" + sock)
+        try:
+            r = subprocess.run(["sh", "-c", run], env=env, timeout=timeout,
+                               capture_output=True, text=True)
+        finally:
+            srv.send_signal(signal.SIGTERM)
+            try:
+                srv.wait(30)
+            except subprocess.TimeoutExpired:
+                srv.kill()
+                srv.wait()
+        status = r.returncode
+        stderr = r.stderr + open(errfile).read()
+        if status == 0 and srv.returncode != 0:
+            status = srv.returncode if srv.returncode > 0 else 1
+            stderr += ("nbdkit exited %d after the command (99: a sanitizer "
+                       "report, above)\n" % srv.returncode)
+        return subprocess.CompletedProcess(run, status, r.stdout, stderr)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _gone(pid):

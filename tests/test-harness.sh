@@ -7,7 +7,8 @@
 # behind; a server that cannot start fails the test with nbdkit's
 # message; at exit the mapper stops before the backend it is a client of,
 # whatever the order of their starts; our plugin, and only it, runs with
-# the sanitizer runtime, and --run's command without it.
+# the sanitizer runtime, and --run's command without it; a sanitizer
+# report of a server fails the test.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -113,4 +114,28 @@ want=$(sed -n 's/^want: //p' "$tmpdir/env.out")
     { cat "$tmpdir/env.out"; die "case env: the mapper's LD_PRELOAD"; }
 says env '^other: $'
 says env '^run: $'
+# 7. A server that ends with a sanitizer report (report-shim.so makes
+#    one, whatever the build) fails the test: mapper --run's, whose
+#    status nbdkit does not pass on and whose report came after --run
+#    returned (the test passed), and start_server's.
+shim=$top_builddir/tests/.libs/report-shim.so
+[ -f "$shim" ] || die "no $shim"
+# mapper returns 99 (set -e ends the case with it); stop_server fails.
+for how in run:99 start:1; do
+    want=${how#*:} how=${how%:*}
+    run_case "report-$how" "$want" <<EOF
+plugin_env[0]="LD_PRELOAD=\${SANITIZER_LIBASAN:+\$SANITIZER_LIBASAN:}$shim"
+plugin_env[1]=\${plugin_env[1]:-NBDMAPPER_TEST=1}
+if [ $how = run ]; then
+    mapper -U - "$tmpdir/z.table" --run 'nbdinfo --size "\$uri"'
+else
+    start_server m mapper "$tmpdir/z.table"
+    nbdinfo --size "nbd+unix:///?socket=\$tmpdir/m.sock"
+    stop_server m
+fi
+echo "case went on"
+EOF
+    says "report-$how" 'made by tests/report-shim.c'
+    says "report-$how" 'sanitizer report'
+done
 echo "test-harness: ok"

@@ -3,18 +3,38 @@
  * several generations of threads (records and blocks taken over), per
  * target regions split by the request, histograms summing to the
  * counts, clears racing the I/O losing and doubling nothing, a reload
- * keeping the regions it keeps, no set for an idle device even once
- * read, and the errors: no table, a bad region, statistics off.
+ * keeping the regions it keeps, no set (no allocation at all) for an
+ * idle device even once read or checked, the device's interval after a
+ * swap that lost the counts, and the errors: no table, a bad region,
+ * statistics off.
  */
 #include <config.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
 #include "internal.h"
 #include "unit.h"
 #include "unit-targets.h"
+
+/* Every calloc (the engine's too: libmapper is linked in), counted, to
+ * see that an idle device's statistics allocate nothing.  Not beside the
+ * ASan runtime, which owns calloc.
+ */
+#ifndef __SANITIZE_ADDRESS__
+#define COUNT_CALLOCS 1
+extern void *__libc_calloc (size_t, size_t);
+static atomic_size_t callocs;
+
+void *
+calloc (size_t n, size_t size)
+{
+  atomic_fetch_add (&callocs, 1);
+  return __libc_calloc (n, size);
+}
+#endif
 
 /* The regions device_stats reported, by id, added up (over clears). */
 #define MAX_REGIONS 4
@@ -46,6 +66,13 @@ add_region (const struct mapper_stats_region *r, void *opaque)
     for (int k = 0; k < MAPPER_STATS_BUCKETS; k++)
       s->hist[r->id][op] += r->hist[op][k];
   }
+  return 0;
+}
+
+static int
+copy_region (const struct mapper_stats_region *r, void *opaque)
+{
+  *(struct mapper_stats_region *) opaque = *r;
   return 0;
 }
 
@@ -179,7 +206,26 @@ main (void)
   CHECK_EQ (s.start[2], 1048576);
   CHECK_EQ (s.len[2], 1048576);
   CHECK_EQ (s.len[0], 2097152);
-  /* An idle device keeps no set, even once read (10,000 of them). */
+  /* An idle device keeps no set, even once read (10,000 of them), and
+   * a read or a region check allocates none either.
+   */
+  CHECK (atomic_load (&dev->stats) == NULL);
+  {
+#ifdef COUNT_CALLOCS
+    size_t before = atomic_load (&callocs);
+#endif
+    s = read_stats (dev, false);
+    CHECK_EQ (s.n, 3);
+    CHECK_EQ (s.len[1], 1048576);
+    CHECK (s.has_hist[0] && !s.has_hist[1]);
+    CHECK_EQ (device_stats (dev, 2, false, NULL, NULL, &err), 0);
+    CHECK_EQ (device_stats (dev, 3, false, NULL, NULL, &err), -EINVAL);
+    CHECKF (strstr (err.msg, "no region 3: regions are 0 (the device) to 2"),
+            "%s", err.msg);
+#ifdef COUNT_CALLOCS
+    CHECK_EQ (atomic_load (&callocs), before);
+#endif
+  }
   CHECK (atomic_load (&dev->stats) == NULL);
   {
     char buf[512];
@@ -277,6 +323,32 @@ main (void)
     CHECK_EQ (s.ios[0][MAPPER_STATS_READ], reads);  /* kept */
     CHECK_EQ (device_stats (dev, 1, false, add_region, &s, &err), -EINVAL);
     CHECKF (strstr (err.msg, "too many targets"), "%s", err.msg);
+  }
+
+  /* A swap whose new set cannot be made (statistics off here; out of
+   * memory in a server) loses the counts: the device region's interval
+   * starts again at that swap, as its counts do.  It kept the time of
+   * the first swap, so that rates were counts since the swap over a
+   * longer interval.
+   */
+  {
+    char buf[512];
+    struct mapper_stats_region first = { 0 };
+    uint64_t t0;
+
+    CHECK_EQ (device_pread (dev, buf, sizeof buf, 0, 0), 0);
+    CHECK (atomic_load (&dev->stats) != NULL);
+    t0 = monotonic_ns ();
+    mapper_stats_disabled = true;
+    CHECK_EQ (device_replace (dev, unit_parse ("0 2048 zero\n"), NULL,
+                              &err), 0);
+    mapper_stats_disabled = false;
+    CHECK (atomic_load (&dev->stats) == NULL);
+    CHECK_EQ (device_stats (dev, 0, false, copy_region, &first, &err), 0);
+    CHECK_EQ (first.ios[MAPPER_STATS_READ], 0);
+    CHECKF (first.interval_ns <= monotonic_ns () - t0,
+            "interval %" PRIu64 " ns is older than the swap",
+            first.interval_ns);
   }
 
   /* Statistics off (the benchmark's "before"): from the next swap. */

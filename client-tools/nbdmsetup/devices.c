@@ -6,6 +6,8 @@
  */
 #include <config.h>
 
+#include <ctype.h>
+#include <errno.h>
 #include <langinfo.h>
 #include <locale.h>
 #include <stdbool.h>
@@ -35,6 +37,7 @@ struct devs {
   size_t n;
   char *info, *backends;        /* the payloads the rows point into */
   struct row *irows, *brows;
+  struct row *bes;              /* every device's backends, by device */
 };
 
 static struct dev *
@@ -84,21 +87,41 @@ devs_get (struct conn *c, struct devs *ds, const char *name, bool backends)
   ds->backends = call_flags (c, PROTO_CMD_STATUS, PROTO_F_BACKENDS,
                              name != NULL, args);
   nb = split_rows (ds->backends, &ds->brows);
+  /* Each row's device, then each device's rows in their order: the
+   * protocol does not say a device's rows come together.
+   */
+  struct dev **owner = calloc (nb + 1, sizeof *owner);
+  size_t nused = 0, at = 0;
+  if (owner == NULL)
+    die ("out of memory");
   for (size_t i = 0; i < nb; i++) {
     struct row *r = &ds->brows[i];
-    struct dev *d = devs_find (ds, r->f[0]);
     if (r->n > 1 && *r->f[1] && r->n < 4)
       die ("status: malformed response");
-    /* d NULL: created between the two requests. */
-    if (d == NULL || r->n < 2 || *r->f[1] == '\0')
+    /* Not found: created between the two requests. */
+    if (r->n < 2 || *r->f[1] == '\0' ||
+        (owner[i] = devs_find (ds, r->f[0])) == NULL)
       continue;
-    /* Rows of one device are together: point at the first. */
-    if (d->nbes == 0)
-      d->bes = r;
-    d->nbes++;
+    owner[i]->nbes++;
+    nused++;
+  }
+  ds->bes = calloc (nused + 1, sizeof *ds->bes);
+  if (ds->bes == NULL)
+    die ("out of memory");
+  for (size_t i = 0; i < ds->n; i++) {
+    ds->d[i].bes = ds->bes + at;
+    at += ds->d[i].nbes;
+    ds->d[i].nbes = 0;
+  }
+  for (size_t i = 0; i < nb; i++) {
+    if (owner[i] == NULL)
+      continue;
+    struct row *r = &owner[i]->bes[owner[i]->nbes++];
+    *r = ds->brows[i];
     r->f[0] = r->f[1];          /* BACKEND, KIND from here */
     r->f[1] = r->f[2];
   }
+  free (owner);
 }
 
 static void
@@ -109,6 +132,7 @@ devs_free (struct devs *ds)
   free (ds->d);
   free (ds->irows);
   free (ds->brows);
+  free (ds->bes);
   free (ds->info);
   free (ds->backends);
 }
@@ -494,8 +518,6 @@ print_columns (struct conn *c, const char *name)
   for (size_t i = 0; i < nkeys; i++)
     need_deps |= keys[i]->deps;
   devs_get (c, &ds, name, need_deps);
-  if (opts.json)
-    die ("info -c: --json gives every field already: give one of them");
   order = malloc ((ds.n + 1) * sizeof *order);
   if (order == NULL)
     die ("out of memory");
@@ -896,12 +918,21 @@ run_wipe_table (struct conn *c, const struct verb *v, int argc, char **argv)
   struct devs ds;
   char table[64];
   unsigned long long size;
+  char *end;
   const char *args[2] = { argv[0], table };
 
   devs_get (c, &ds, argv[0], false);
   if (ds.n != 1 || *ds.d[0].f[2] != '1')
     die ("wipe_table %s: no live table", argv[0]);
-  size = strtoull (ds.d[0].f[8], NULL, 10);
+  /* A size that is not whole sectors would make the error table
+   * shorter than the device (and "0 0 error" of a bad number).
+   */
+  errno = 0;
+  size = strtoull (ds.d[0].f[8], &end, 10);
+  if (errno || end == ds.d[0].f[8] || *end || !isdigit (*ds.d[0].f[8]) ||
+      size == 0 || size % 512)
+    die ("wipe_table %s: malformed response (size '%s')", argv[0],
+         ds.d[0].f[8]);
   devs_free (&ds);
   snprintf (table, sizeof table, "0 %llu error", size / 512);
   free (call_flags (c, v->code, 0, 2, args));

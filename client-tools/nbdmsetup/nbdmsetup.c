@@ -6,6 +6,7 @@
 #include <config.h>
 
 #include <assert.h>
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -482,6 +483,17 @@ json_string (const char *s)
   putchar ('"');
 }
 
+/* s is a decimal number that fits in 64 bits. */
+static bool
+is_u64 (const char *s)
+{
+  char *end;
+
+  errno = 0;
+  strtoull (s, &end, 10);
+  return isdigit (*s) && !errno && *end == '\0';
+}
+
 /* Split payload into lines of tab-separated fields (in place). */
 size_t
 split_rows (char *payload, struct row **rows)
@@ -931,7 +943,13 @@ parse_options (int argc, char *argv[], bool batch_line)
       opts.given |= O_BACKENDS;
       opts.flags |= PROTO_F_BACKENDS;
       break;
-    case 'u': opts.given |= O_UUID; opts.uuid = optarg; break;
+    case 'u':
+      /* "" would match the first device without a uuid. */
+      if (*optarg == '\0')
+        die ("-u: the uuid is empty");
+      opts.given |= O_UUID;
+      opts.uuid = optarg;
+      break;
     case OPT_TABLE: opts.given |= O_TABLE; opts.table_text = optarg; break;
     case OPT_TIMEOUT: opts.timeout = parse_seconds ("--timeout", optarg); break;
     case OPT_CLEAR: opts.given |= O_CLEAR; opts.flags |= PROTO_F_CLEAR; break;
@@ -1296,14 +1314,19 @@ print_clients (char *p)
             "Since", "InFlight", "Requests");
   for (size_t i = 0; i < n; i++) {
     char **f = rows[i].f;
-    char since[32] = "?";
+    char since[32] = "?", *end;
     double t;
     time_t secs;
     struct tm tm;
 
     if (rows[i].n < 7)
       die ("clients: malformed response");
-    t = strtod (f[4], NULL);
+    /* Printed as they are in the JSON: numbers, or it would not be. */
+    errno = 0;
+    t = strtod (f[4], &end);
+    if (errno || end == f[4] || *end || !isdigit (*f[4]) || !(t < 1e18) ||
+        !is_u64 (f[5]) || !is_u64 (f[6]))
+      die ("clients: malformed response (row %zu)", i + 1);
     secs = (time_t) t;
     if (gmtime_r (&secs, &tm))
       strftime (since, sizeof since, "%Y-%m-%dT%H:%M:%SZ", &tm);
@@ -1593,6 +1616,8 @@ find_verb (const char *cmd, int argc, char *argv[])
     if (v->run == NULL)
       die ("%s: not for nbdmapper: %s", cmd, v->why_not);
     check_options (v);
+    if (v->run == run_info && (opts.given & O_COLUMNS) && opts.json)
+      die ("info -c: --json gives every field already: give one of them");
     /* -u UUID stands for NAME. */
     if (v->named && opts.uuid) {
       if (max == 1 && argc == 1)
@@ -1603,6 +1628,15 @@ find_verb (const char *cmd, int argc, char *argv[])
     }
     if (argc < min || argc > max)
       die ("%s: wrong number of arguments (see nbdmsetup --help)", cmd);
+    /* An empty NAME names no device: the server would take it for
+     * "every device" where NAME is optional.
+     */
+    if ((v->named || v->run == run_create) && !opts.uuid && argc > 0 &&
+        *argv[0] == '\0')
+      die ("%s: the device name is empty", cmd);
+    if (v->run == run_plain && v->code == PROTO_CMD_RENAME &&
+        *argv[argc - 1] == '\0')
+      die ("%s: the new name is empty", cmd);
     /* The table is the argument after NAME or --table, not both. */
     if (opts.table_text && argc == max && argc > min)
       die ("%s: a table file ('%s') and --table: give one of them", cmd,

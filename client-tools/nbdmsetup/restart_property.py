@@ -12,7 +12,7 @@ server is started on a copy of DIR and compared with it.
 
 Environment: NBDMSETUP, NBDMSETUP_URI (the live server's control
 export), DIR (its tables=DIR), WORK (scratch), and what tests/functions.sh
-exports for nbdcheck.mapper_command.
+exports for nbdcheck.mapper_run.
 """
 import json
 import os
@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 
-from nbdcheck import mapper_command
+from nbdcheck import mapper_run
 
 NBDMSETUP = os.environ["NBDMSETUP"]
 DIR = os.environ["DIR"]
@@ -132,9 +132,7 @@ def restarted(seq):
     with open(script, "w") as f:
         f.write(INSPECT)
     run = "export unixsocket; exec /usr/bin/python3 %s %s" % (script, out)
-    r = subprocess.run(mapper_command(["-U", "-"], ["tables=" + copy],
-                                      run=run),
-                       capture_output=True, text=True, timeout=300)
+    r = mapper_run([], ["tables=" + copy], run)
     if r.returncode != 0:
         raise AssertionError("sequence %d: the server does not restart "
                              "from tables=DIR (exit %d):\n%s%s"

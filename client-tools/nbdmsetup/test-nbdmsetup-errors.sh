@@ -80,6 +80,23 @@ head -c $((17 << 20)) /dev/zero | tr '\0' '#' > "$tmpdir/huge.table"
 fails 'larger than the 16 MiB maximum' ms load d1 "$tmpdir/huge.table"
 unchanged huge
 
+# An empty uuid or name names no device: -u "" matched the first device
+# without a uuid (e1, d1 have none), and "" must not stand for "all".
+fails '-u: the uuid is empty' ms -u "" remove
+fails '-u: the uuid is empty' ms -u "" info
+fails '-u: the uuid is empty' ms create u2 -u "" --table "0 8 zero"
+for c in info table status deps suspend resume clear remove wipe_table \
+         stats clients; do
+    fails "$c: the device name is empty" ms $c ""
+done
+fails 'rename: the device name is empty' ms rename "" x
+fails 'rename: the new name is empty' ms rename d1 ""
+fails 'load: the device name is empty' ms load "" --table "0 8 zero"
+fails 'message: the device name is empty' ms message "" 0 x
+fails 'wait: the device name is empty' ms wait "" --timeout 1
+fails 'the device name is empty' ms create "" --table "0 8 zero"
+unchanged empty-names
+
 # The plugin documents control-key=.
 mapper --help 2>&1 | grep -q 'control-key=FILE' || die "--help: no control-key"
 

@@ -49,23 +49,62 @@ grep -q '^nbdmsetup ls --tree' "$tmpdir/readme.sh" || die "block not extracted"
 bin=$tmpdir/bin
 mkdir "$bin" "$tmpdir/readme"
 ln -s "$NBDMSETUP" "$bin/nbdmsetup"
+# Under a sanitizer build (NBDMAPPER_PLUGIN_ENV set) a server of ours
+# that would daemonise runs in the foreground, in the background of the
+# wrapper, as start_server runs it: a daemon has no stderr for a report
+# and its exit status (99 after one) is seen by no one.  Its stderr and
+# exit status go to $tmpdir/nbdkit.err and .exit, checked at the end.
 cat > "$bin/nbdkit" <<EOT
 #!/usr/bin/env bash
 # nbdkit, with the built plugin for the plugin name "mapper".
-args=()
-for a in "\$@"; do [ "\$a" = mapper ] && a=$PLUGIN; args+=("\$a"); done
+args=() mine=false fg=false pidfile= prev=
+for a in "\$@"; do
+    [ "\$a" = mapper ] && { a=$PLUGIN; mine=true; }
+    case "\$a" in
+        -f|--foreground|--run|--help|--version|--dump-plugin) fg=true ;;
+    esac
+    case "\$prev" in -P|--pidfile) pidfile=\$a ;; esac
+    prev=\$a
+    args+=("\$a")
+done
 envs=()
 [ -z "\$NBDMAPPER_PLUGIN_ENV" ] || mapfile -t envs <<< "\$NBDMAPPER_PLUGIN_ENV"
+if \$mine && ! \$fg && [ \${#envs[@]} -gt 0 ] && [ -n "\$pidfile" ]; then
+    rm -f "\$pidfile"
+    ( st=0
+      env "\${envs[@]}" $(command -v nbdkit) -f "\${args[@]}" \\
+          2>> "$tmpdir/nbdkit.err" < /dev/null > /dev/null || st=\$?
+      echo "\$st" >> "$tmpdir/nbdkit.exit" ) &
+    # As the daemon would: back once it serves (its pid file written).
+    for (( i = 0; i < 300; i++ )); do
+        [ -s "\$pidfile" ] && exit 0
+        [ -e "$tmpdir/nbdkit.exit" ] && break
+        sleep 0.1
+    done
+    cat "$tmpdir/nbdkit.err" >&2
+    exit 1
+fi
 exec env "\${envs[@]}" $(command -v nbdkit) "\${args[@]}"
 EOT
 chmod +x "$bin/nbdkit"
 # A server the walk-through leaves running (it failed) is stopped.
-cleanup_fn 'for p in "$tmpdir"/readme/*/nbdkit.pid; do [ -f "$p" ] && kill "$(cat "$p")"; done'
+cleanup_fn 'for p in "$tmpdir"/readme/*/nbdkit.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done'
 
 env -u NBDMSETUP_URI TMPDIR="$tmpdir/readme" PATH="$bin:$PATH" \
     bash -e -u -o pipefail -x "$tmpdir/readme.sh" > "$tmpdir/out" 2>&1 ||
     { cat "$tmpdir/out"; die "README's walk-through failed"; }
 cat "$tmpdir/out"
+# The server ours ran in the foreground (sanitizer build): it exited,
+# killed by the walk-through, with status 0 and no report.
+if [ "${#plugin_env[@]}" -gt 0 ]; then
+    for (( i = 0; i < 100; i++ )); do
+        [ -s "$tmpdir/nbdkit.exit" ] && break
+        sleep 0.1
+    done
+    [ "$(cat "$tmpdir/nbdkit.exit" 2>/dev/null)" = 0 ] ||
+        { cat "$tmpdir/nbdkit.err"; die "README's server exited" \
+              "$(cat "$tmpdir/nbdkit.exit" 2>/dev/null || echo "?")"; }
+fi
 # What the comments promise.
 grep -q '^State:             ACTIVE (READ-ONLY)$' "$tmpdir/out" || die "info ro"
 grep -qx '1 dependencies	: (mapper:data)' "$tmpdir/out" || die "deps top"

@@ -194,7 +194,7 @@ emit_lines (struct reply *rp, const char *cmd, struct device *dev,
     fprintf (rp->out, "%s\t%.*s\n", name, (int) n, p);
     p += n + (nl != NULL);
   }
-  free (text);
+  free_secret (text);          /* table --showkeys */
   return 0;
 }
 
@@ -343,14 +343,14 @@ cmd_create (struct reply *rp, struct proto_request *req)
       goto err_dev;
     }
   }
-  free (text);
+  free_secret (text);
   return 0;
 
  err_dev:
   device_destroy (dev);
  err:
   table_free (t);
-  free (text);
+  free_secret (text);
   return -1;
 }
 
@@ -389,6 +389,11 @@ cmd_clear (struct reply *rp, struct proto_request *req)
   return 0;
 }
 
+/* Called without the control lock: its drain waits for the requests in
+ * flight, which may wait for another device's resume (one stacked on a
+ * suspended device), and that resume needs the lock.  What else would
+ * change this device meanwhile is refused by the engine (-EBUSY).
+ */
 static int
 cmd_suspend (struct reply *rp, struct proto_request *req)
 {
@@ -401,6 +406,10 @@ cmd_suspend (struct reply *rp, struct proto_request *req)
     return -1;
   r = device_suspend (dev, req->flags & PROTO_F_NOFLUSH);
   device_put (dev);
+  if (r == -EBUSY)
+    return reply_fail (rp, EBUSY, "suspend %s: another suspend (or a swap) "
+                       "is waiting for its requests in flight: retry once "
+                       "it is done", req->args[0]);
   if (r < 0)
     return reply_fail (rp, -r, "suspend %s: flush failed: %s", req->args[0],
                        mapper_strerror (-r));
@@ -449,7 +458,7 @@ save_live (struct reply *rp, struct device *dev, const char *name,
   if ((ls->old_text = device_table_text (dev, false, &r)) == NULL)
     return reply_fail (rp, -r, "out of memory");
   if (save (rp, name, ls->uuid, read_only, text) == -1) {
-    free (ls->old_text);
+    free_secret (ls->old_text);
     ls->old_text = NULL;
     return -1;
   }
@@ -465,7 +474,7 @@ save_live_end (struct live_save *ls, bool put_back)
   if (ls->old_text && put_back)
     unsave (ls->name, ls->uuid, ls->old_read_only, ls->old_text);
   free (ls->uuid);
-  free (ls->old_text);
+  free_secret (ls->old_text);
 }
 
 static int
@@ -502,7 +511,7 @@ cmd_resume (struct reply *rp, struct proto_request *req)
     reply_fail (rp, -r, "resume: %s", err.msg);
  out:
   save_live_end (&ls, r < 0 && !swapped);
-  free (text);
+  free_secret (text);
   device_put (dev);
   return r < 0 ? -1 : 0;
 }
@@ -543,7 +552,7 @@ cmd_replace (struct reply *rp, struct proto_request *req)
  out:
   save_live_end (&ls, r < 0 && !swapped);
   table_free (t);
-  free (text);
+  free_secret (text);
   device_put (dev);
   return r < 0 ? -1 : 0;
 }
@@ -567,9 +576,9 @@ cmd_remove (struct reply *rp, struct proto_request *req)
   /* The file first: a device removed whose file could not be was back
    * at the next start, after a remove that had reported failure.
    */
-  if (persist_remove_begin (req->args[0], &msg) < 0) {
+  if ((r = persist_remove_begin (req->args[0], &msg)) < 0) {
     device_put (dev);
-    return persist_reply (rp, EIO, msg);
+    return persist_reply (rp, -r, msg);
   }
   r = device_remove (dev, req->flags & PROTO_F_FORCE, &err);
   device_put (dev);
@@ -611,9 +620,9 @@ cmd_rename (struct reply *rp, struct proto_request *req)
     device_put (dev);
     return -1;
   }
-  if (persist_rename (req->args[0], req->args[1], &msg) < 0) {
+  if ((r = persist_rename (req->args[0], req->args[1], &msg)) < 0) {
     device_put (dev);
-    return persist_reply (rp, EIO, msg);
+    return persist_reply (rp, -r, msg);
   }
   r = device_rename (dev, req->args[1], &err);
   device_put (dev);
@@ -639,17 +648,22 @@ save_message (struct reply *rp, struct device *dev, const char *name)
   char *msg = NULL, *uuid, *text;
   int r = persist_check_saved (name, &msg);
 
-  free (msg);
-  if (r == -EPERM)
+  if (r == -EPERM) {
+    free (msg);
     return 0;
-  if ((text = device_table_text (dev, false, &r)) == NULL)
-    return reply_fail (rp, -r, "message %s: out of memory", name);
-  uuid = device_uuid (dev);
-  device_get_info (dev, &info);
-  r = persist_write (name, uuid, info.live_ro, text, &msg);
-  OPENSSL_cleanse (text, strlen (text));   /* may hold a crypt key */
-  free (text);
-  free (uuid);
+  }
+  /* Not known to be DIR's (an unreadable DIR, a symlink loop): refused
+   * as every other change is, but the change is made already.
+   */
+  if (r == 0) {
+    if ((text = device_table_text (dev, false, &r)) == NULL)
+      return reply_fail (rp, -r, "message %s: out of memory", name);
+    uuid = device_uuid (dev);
+    device_get_info (dev, &info);
+    r = persist_write (name, uuid, info.live_ro, text, &msg);
+    free_secret (text);
+    free (uuid);
+  }
   if (r < 0) {
     reply_fail (rp, -r, "message %s: the change is live but was not saved: "
                 "%s", name, msg ? msg : "out of memory");
@@ -884,7 +898,7 @@ control_run (struct reply *rp, struct proto_request *req)
   }
   nbdkit_debug ("control: %s (%u args)", proto_cmd_name (req->cmd),
                 req->nargs);
-  if (req->cmd == PROTO_CMD_WAIT)
+  if (req->cmd == PROTO_CMD_WAIT || req->cmd == PROTO_CMD_SUSPEND)
     commands[req->cmd] (rp, req);
   else {
     pthread_mutex_lock (&control_lock);

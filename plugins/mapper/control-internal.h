@@ -19,6 +19,11 @@
 #include "proto.h"
 #include "control.h"
 
+/* Free a string that may hold a crypt key (a table's text, a reply
+ * with --showkeys), wiped first: freed memory keeps its bytes.
+ */
+void free_secret (char *s);
+
 /* control-cmds.c */
 
 /* The result of one command: status + payload (or error message). */

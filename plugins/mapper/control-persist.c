@@ -69,6 +69,25 @@ fsync_dir (void)
   return r;
 }
 
+/* After a rename into DIR/NAME.table that succeeded: the file is in
+ * place, and it is what a restart loads, so the change is saved even if
+ * the fsync of DIR fails.  Reported as not saved, the command undid a
+ * change the next start made anyway (create, rename).  Only a crash
+ * before the directory reaches the disk may bring back the file from
+ * before: that is logged, and the command succeeds.
+ */
+static void
+fsync_dir_after_rename (const char *name)
+{
+  int r = fsync_dir ();
+
+  if (r < 0)
+    nbdkit_error ("tables=%s: fsync: %s: %s.table is in place (a restart "
+                  "loads it), but a crash before DIR reaches the disk may "
+                  "bring back the file from before", tables_dir,
+                  mapper_strerror (-r), name);
+}
+
 /* persist_write's DIR/.NAME.table.tmp files left by a crash: that save
  * never finished (NAME.table is still the one before it, and the change
  * was never made live), and they may hold crypt keys.
@@ -185,6 +204,9 @@ control_restore (struct device *dev, const char *path, bool *read_only)
     else if (line[0] != '#')
       break;                    /* the header ends at the first table line */
   }
+  /* It stops at the first table line, which may hold a crypt key. */
+  if (line)
+    explicit_bzero (line, cap);
   free (line);
   fclose (fp);
   return r;
@@ -241,7 +263,7 @@ persist_write (const char *name, const char *uuid, bool read_only,
     r = -errno;
     goto out;
   }
-  r = fsync_dir ();
+  fsync_dir_after_rename (name);
  out:
   if (fd >= 0)
     close (fd);
@@ -252,7 +274,7 @@ persist_write (const char *name, const char *uuid, bool read_only,
   }
   free (tmp);
   free (path);
-  free (all);
+  free_secret (all);
   return r;
 }
 
@@ -361,8 +383,10 @@ persist_rename (const char *old, const char *new, char **msg)
     r = -ENOMEM;
   else if (rename (from, to) == -1)
     r = -errno;
-  else
-    r = fsync_dir ();
+  else {
+    fsync_dir_after_rename (new);
+    r = 0;
+  }
   free (from);
   free (to);
   return r < 0 ? persist_failed (r, "renaming", old, msg) : 0;

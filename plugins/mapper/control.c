@@ -79,6 +79,23 @@ control_unload (void)
   persist_unload ();
 }
 
+void
+free_secret (char *s)
+{
+  if (s)
+    OPENSSL_cleanse (s, strlen (s));
+  free (s);
+}
+
+/* free_secret for n bytes (a response, a request: binary). */
+static void
+free_secret_n (void *p, size_t n)
+{
+  if (p)
+    OPENSSL_cleanse (p, n);
+  free (p);
+}
+
 /* --- requests --------------------------------------------------------- */
 
 /* Decode, authenticate and run the request in c->req; leave the response
@@ -132,7 +149,7 @@ execute (struct control_conn *c)
  respond:
   fclose (rp.out);
   if (rp.len > PROTO_MAX_MSG - PROTO_RSP_HDR) {
-    free (rp.text);
+    free_secret_n (rp.text, rp.len);
     rp.text = strdup ("response is larger than the 16 MiB maximum");
     rp.len = rp.text ? strlen (rp.text) : 0;
     rp.status = PROTO_ERR_TOOBIG;
@@ -142,11 +159,14 @@ execute (struct control_conn *c)
                   rp.text ? rp.text : "");
   if (proto_encode_response (rp.status, req.seq, rp.text, rp.len,
                              &msg, &msglen) == 0) {
-    free (c->rsp);
+    free_secret_n (c->rsp, c->rsp_len);
     c->rsp = msg;
     c->rsp_len = msglen;
   }
-  free (rp.text);
+  /* A reply may hold keys too (table --showkeys).  (open_memstream's own
+   * growth leaves copies this cannot reach.)
+   */
+  free_secret_n (rp.text, rp.len);
   /* Requests may carry crypt keys (a table, "key set"): wiped, not just
    * freed.
    */
@@ -154,9 +174,7 @@ execute (struct control_conn *c)
     OPENSSL_cleanse (req.args[i], strlen (req.args[i]));
   proto_request_free (&req);
   /* The next request starts afresh; idle connections keep no buffer. */
-  if (c->req)
-    OPENSSL_cleanse (c->req, c->req_cap);
-  free (c->req);
+  free_secret_n (c->req, c->req_cap);
   c->req = NULL;
   c->req_len = c->req_cap = 0;
 }
@@ -238,8 +256,9 @@ control_close (struct control_conn *c)
 {
   pthread_mutex_destroy (&c->lock);
   free (c->denied);
-  free (c->req);
-  free (c->rsp);
+  /* A request written but never flushed, the last response. */
+  free_secret_n (c->req, c->req_cap);
+  free_secret_n (c->rsp, c->rsp_len);
   free (c);
 }
 
@@ -276,14 +295,19 @@ control_pwrite (struct control_conn *c, const void *buf, uint32_t count,
   }
   pthread_mutex_lock (&c->lock);
   if (end > c->req_cap) {
-    /* Grow only as written: exactly to the end of this write. */
-    uint8_t *p = realloc (c->req, end);
+    /* Grow only as written: exactly to the end of this write.  Not
+     * realloc: a block it moves keeps the key it may hold.
+     */
+    uint8_t *p = malloc (end);
     if (p == NULL) {
       pthread_mutex_unlock (&c->lock);
-      nbdkit_error ("control: realloc: %s", mapper_strerror (errno));
+      nbdkit_error ("control: malloc: %s", mapper_strerror (errno));
       nbdkit_set_error (ENOMEM);
       return -1;
     }
+    if (c->req)
+      memcpy (p, c->req, c->req_len);
+    free_secret_n (c->req, c->req_cap);
     c->req = p;
     c->req_cap = end;
   }
