@@ -40,6 +40,7 @@ SHELL_TESTS = \
 	test-multipath.sh \
 	test-multipath-nopath.sh \
 	test-multipath-groups.sh \
+	test-multipath-persist.sh \
 	test-multipath-netns.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \

@@ -165,13 +165,19 @@ test_format (void)
        unit_sprintf ("0 256 multipath 3 queue_if_no_path path_timeout_msecs "
                      "500 0 2 2 queue-length 0 1 1 %s 1 service-time 0 1 2 "
                      "%s 3 1\n", A, B));
-  /* no_path_retry N queues (multipathd); 0 fails at once. */
+  /* no_path_retry N queues (multipathd); 0 fails at once.  Either way
+   * queue_if_no_path adds nothing, and is not printed.
+   */
   FMT (unit_sprintf ("0 256 multipath 6 no_path_retry 5 failback immediate "
                      "checker_interval_msecs 200 0 1 1 round-robin 0 1 1 %s "
                      "7", A),
-       unit_sprintf ("0 256 multipath 7 queue_if_no_path no_path_retry 5 "
+       unit_sprintf ("0 256 multipath 6 no_path_retry 5 "
                      "checker_interval_msecs 200 failback immediate 0 1 1 "
                      "round-robin 0 1 1 %s 7\n", A));
+  FMT (unit_sprintf ("0 256 multipath 3 no_path_retry 5 queue_if_no_path 0 "
+                     "1 1 round-robin 0 1 0 %s", A),
+       unit_sprintf ("0 256 multipath 2 no_path_retry 5 0 1 1 round-robin 0 "
+                     "1 1 %s 1\n", A));
   FMT (unit_sprintf ("0 256 multipath 3 queue_if_no_path no_path_retry 0 0 "
                      "1 1 round-robin 0 1 0 %s", A),
        unit_sprintf ("0 256 multipath 2 no_path_retry 0 0 1 1 round-robin 0 "
@@ -460,6 +466,166 @@ test_messages (void)
   device_destroy (dev);
 }
 
+/* dev's table as nbdmsetup table prints it. */
+static char *
+table_text (struct device *dev)
+{
+  int r;
+  char *t = device_table_text (dev, false, &r);
+
+  if (t == NULL)
+    UNIT_FATAL ("device_table_text: %d", r);
+  return t;
+}
+
+/* queue_if_no_path and fail_if_no_path under no_path_retry N: the
+ * queue mode until a path comes back (multipathd sets dm's flag again
+ * from no_path_retry then); the table, what is saved, does not change,
+ * so what it prints loads back as the same table and a restart does
+ * what no_path_retry says.  Without no_path_retry, the message is the
+ * table's feature (test_messages).
+ */
+static void
+test_queue_messages (void)
+{
+  struct mapper_err err;
+  struct device *dev;
+  struct reader rd;
+  pthread_t t;
+  char *want, *got, *m;
+
+  dev = mp_dev ("0 256 multipath 2 no_path_retry 0 0 1 1 round-robin 0 1 0 "
+                "%s", A);
+  want = table_text (dev);
+  /* no_path_retry 0: no path fails at once; queue_if_no_path queues. */
+  CHECK_EQ (msg (dev, "queue_if_no_path", &err), 0);
+  got = table_text (dev);
+  CHECKF (strcmp (got, want) == 0, "table after queue_if_no_path: %s", got);
+  free (got);
+  m = unit_sprintf ("fail_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  CHECK_STATUS (dev, "2 1 0 0 1 1 E 0 1 0 %s F 1", A);
+  rd = (struct reader) { .dev = dev };
+  CHECK_EQ (pthread_create (&t, NULL, reader, &rd), 0);
+  m = unit_sprintf ("reinstate_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  pthread_join (t, NULL);
+  CHECK_EQ (rd.r, 0);
+  CHECK_EQ (rd.from, 'A');
+  /* The path came back: no_path_retry 0 again, no queueing. */
+  m = unit_sprintf ("fail_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  expect_reads (dev, "E");
+  CHECK_STATUS (dev, "2 0 0 0 1 1 E 0 1 0 %s F 2", A);
+  device_destroy (dev);
+  free (want);
+
+  /* no_path_retry 5 queues; fail_if_no_path fails, until a path is
+   * back.
+   */
+  dev = mp_dev ("0 256 multipath 2 no_path_retry 5 0 1 1 round-robin 0 1 0 "
+                "%s", A);
+  want = table_text (dev);
+  CHECK_EQ (msg (dev, "fail_if_no_path", &err), 0);
+  got = table_text (dev);
+  CHECKF (strcmp (got, want) == 0, "table after fail_if_no_path: %s", got);
+  free (got);
+  m = unit_sprintf ("fail_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  CHECK_STATUS (dev, "2 0 0 0 1 1 E 0 1 0 %s F 1", A);
+  expect_reads (dev, "E");
+  m = unit_sprintf ("reinstate_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  m = unit_sprintf ("fail_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  CHECK_STATUS (dev, "2 1 0 0 1 1 E 0 1 0 %s F 2", A);
+  device_destroy (dev);
+  /* What it printed loads back as itself. */
+  dev = mp_dev ("%s", want);
+  got = table_text (dev);
+  CHECKF (strcmp (got, want) == 0, "table %s loads back as %s", want, got);
+  free (got);
+  device_destroy (dev);
+  free (want);
+}
+
+/* Group switching as dm's choose_pgpath: the group switch_group (or
+ * the table's initial group) names is used once; one with no path then
+ * is not kept for later, so a path of it coming back fails nothing back
+ * (manual failback).
+ */
+static void
+test_next_group (void)
+{
+  struct mapper_err err;
+  struct device *dev;
+  char *m;
+
+  /* The initial group has no path at the first I/O. */
+  dev = mp_dev ("0 256 multipath 0 0 2 1 round-robin 0 1 0 %s round-robin 0 "
+                "1 0 %s", A, B);
+  m = unit_sprintf ("fail_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  expect_reads (dev, "BB");
+  m = unit_sprintf ("reinstate_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  expect_reads (dev, "BB");
+  CHECK_STATUS (dev, "2 0 0 0 2 2 E 0 1 0 %s A 1 A 0 1 0 %s A 0", A, B);
+  /* switch_group to a group with no path. */
+  m = unit_sprintf ("fail_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  CHECK_EQ (msg (dev, "switch_group 1", &err), 0);
+  expect_reads (dev, "BB");
+  m = unit_sprintf ("reinstate_path %s", A);
+  CHECK_EQ (msg (dev, m, &err), 0);
+  free (m);
+  expect_reads (dev, "BB");
+  CHECK_STATUS (dev, "2 0 0 0 2 2 E 0 1 0 %s A 2 A 0 1 0 %s A 0", A, B);
+  /* One with a path: taken. */
+  CHECK_EQ (msg (dev, "switch_group 1", &err), 0);
+  expect_reads (dev, "AA");
+  device_destroy (dev);
+}
+
+static int
+count_extent (void *opaque, uint64_t offset, uint64_t len, uint32_t type)
+{
+  (*(unsigned *) opaque)++;
+  return 0;
+}
+
+/* Block status is a query: it leaves round-robin's turn alone (reads
+ * still alternate), and answers from the current group's path.
+ */
+static void
+test_extents_query (void)
+{
+  struct device *dev;
+  char got[9];
+  unsigned n = 0;
+  int e;
+
+  dev = mp_dev ("0 256 multipath 0 0 1 1 round-robin 0 2 0 %s %s", A, B);
+  for (int i = 0; i < 8; i++) {
+    got[i] = read_from (dev, &e);
+    CHECK_EQ (device_extents (dev, S, 0, 0, count_extent, &n), 0);
+  }
+  got[8] = '\0';
+  CHECKF (strcmp (got, "ABABABAB") == 0, "reads between block status "
+          "queries went to %s", got);
+  CHECK (n >= 8);
+  device_destroy (dev);
+}
+
 int
 main (void)
 {
@@ -470,6 +636,9 @@ main (void)
   test_failover ();
   test_queueing ();
   test_messages ();
+  test_queue_messages ();
+  test_next_group ();
+  test_extents_query ();
   free (A);
   free (B);
   free (C);

@@ -53,20 +53,26 @@ tick (uint64_t ns)
 static void
 watch_path (struct mpath *m, struct mpath_path *p, uint64_t now)
 {
-  uint64_t last, progress;
+  uint64_t last, done;
   char why[64];
 
   if (atomic_load (&p->inflight) == 0) {
     p->busy_seen_ns = 0;
     return;
   }
-  if (p->busy_seen_ns == 0)
-    p->busy_seen_ns = now;
-  /* A busy spell may start between the submitter's count and its stamp:
-   * the first time this thread saw it busy bounds the stamp's age.
+  /* Silence is timed here, not by the requests (they read no clock):
+   * from when this thread first saw the path busy, or last saw its
+   * completions move, whichever is later; late by one tick at most.
    */
-  progress = atomic_load (&p->progress_ns);
-  last = MAX (progress, p->busy_seen_ns);
+  done = atomic_load_explicit (&p->completions, memory_order_relaxed);
+  if (p->busy_seen_ns == 0) {
+    p->busy_seen_ns = now;
+    p->progress_ns = now;
+  }
+  else if (done != p->seen_completions)
+    p->progress_ns = now;
+  p->seen_completions = done;
+  last = p->progress_ns;
   if (last >= now || now - last < m->path_timeout_ns ||
       p->abandoned_mark == last)
     return;
@@ -90,7 +96,7 @@ watch (struct mpath *m, uint64_t now)
   /* no_path_retry: multipathd counts checker runs with no path. */
   pthread_mutex_lock (&m->lock);
   if (m->no_path_retry >= 0 && atomic_load (&m->nr_valid) == 0 &&
-      !m->exhausted && m->queue_if_no_path &&
+      !m->exhausted && m->queue_if_no_path && m->msg_queueing == 0 &&
       now - m->nopath_since_ns >= m->no_path_retry * m->checker_ns) {
     m->exhausted = true;
     mpath_update_queueing (m);
@@ -201,7 +207,7 @@ mpath_register (struct mpath *m)
   }
   if ((r = start_threads_locked ()) < 0 && mapper_log)
     mapper_log ("multipath %s: cannot start the path checker: %s",
-                target_origin (m->ti), strerror (-r));
+                target_origin (m->ti), mapper_strerror (-r));
 }
 
 void
@@ -233,7 +239,7 @@ mpath_threads_start (struct mapper_err *err)
   engine_running = true;
   if ((r = start_threads_locked ()) < 0)
     mapper_err_set (err, "multipath: cannot start the path checker: %s",
-                    strerror (-r));
+                    mapper_strerror (-r));
   return r;
 }
 
