@@ -15,8 +15,10 @@
  *     path is given up by the watchdog after the path timeout, so one
  *     dead path never holds the others' probes for remote-timeout.
  *
- * Both start when the first multipath target is resumed after
- * engine_start, and stop at engine_stop (within a tick).
+ * Both start at the first multipath target's preresume after
+ * engine_start (or at engine_start, for targets resumed before it), and
+ * stop at engine_stop (within a tick).  A failure to start them refuses
+ * that resume, or engine_start: no multipath runs without its watchdog.
  */
 #include <config.h>
 
@@ -167,13 +169,15 @@ check_worker (void *arg)
   return NULL;
 }
 
-/* list_lock held. */
+/* list_lock held: start the threads if the engine runs and they do
+ * not; 0 or -errno (neither then runs).
+ */
 static int
 start_threads_locked (void)
 {
   int e;
 
-  if (threads_running || !engine_running || list == NULL)
+  if (threads_running || !engine_running)
     return 0;
   if ((e = mapper_thread_create (&watch_thread, watch_worker,
                                  "mapper-mpathw")) != 0)
@@ -194,20 +198,37 @@ start_threads_locked (void)
   return 0;
 }
 
+/* list_lock held: start_threads_locked, saying why it failed. */
+static int
+start_threads_err (struct mapper_err *err)
+{
+  int r = start_threads_locked ();
+
+  if (r < 0)
+    mapper_err_set (err, "cannot start the path checker and watchdog "
+                    "threads: %s", mapper_strerror (-r));
+  return r;
+}
+
+int
+mpath_threads_ensure (struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&list_lock);
+
+  return start_threads_err (err);
+}
+
 void
 mpath_register (struct mpath *m)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&list_lock);
-  int r;
 
+  /* The threads run (preresume, engine_start) or start at engine_start. */
   if (!m->registered) {
     m->registered = true;
     m->next = list;
     list = m;
   }
-  if ((r = start_threads_locked ()) < 0 && mapper_log)
-    mapper_log ("multipath %s: cannot start the path checker: %s",
-                target_origin (m->ti), mapper_strerror (-r));
 }
 
 void
@@ -237,9 +258,11 @@ mpath_threads_start (struct mapper_err *err)
   int r;
 
   engine_running = true;
-  if ((r = start_threads_locked ()) < 0)
-    mapper_err_set (err, "multipath: cannot start the path checker: %s",
-                    mapper_strerror (-r));
+  /* None resumed yet: the first one's preresume starts them. */
+  if (list == NULL)
+    return 0;
+  if ((r = start_threads_err (err)) < 0)
+    mapper_err_prefix (err, "multipath");
   return r;
 }
 

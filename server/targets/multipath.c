@@ -1081,6 +1081,16 @@ mpath_presuspend (struct target *ti)
   pthread_mutex_unlock (&m->lock);
 }
 
+/* The watchdog and the path checker must run before the table does:
+ * a failure to start them refuses the resume (or the load, at
+ * engine_start), rather than leave a device failing over nothing.
+ */
+static int
+mpath_preresume (struct target *ti, struct mapper_err *err)
+{
+  return mpath_threads_ensure (err);
+}
+
 static void
 mpath_resume (struct target *ti)
 {
@@ -1145,6 +1155,7 @@ const struct target_type multipath_target = {
   .iterate_backends = mpath_iterate_backends,
   .flush = mpath_flush,
   .presuspend = mpath_presuspend,
+  .preresume = mpath_preresume,
   .resume = mpath_resume,
   .postsuspend = mpath_postsuspend,
   .message = mpath_message,

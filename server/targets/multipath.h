@@ -118,6 +118,10 @@ int mpath_probe (struct mpath *m, struct mpath_path *p);
 void mpath_update_queueing (struct mpath *m);
 
 /* multipath-check.c */
+/* preresume: the threads running (if the engine runs), or -errno with
+ * err filled.
+ */
+int mpath_threads_ensure (struct mapper_err *err);
 void mpath_register (struct mpath *m);
 void mpath_unregister (struct mpath *m);
 int mpath_threads_start (struct mapper_err *err);
