@@ -41,6 +41,7 @@ SHELL_TESTS = \
 	test-multipath-nopath.sh \
 	test-multipath-groups.sh \
 	test-multipath-persist.sh \
+	test-multipath-flush.sh \
 	test-multipath-netns.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \
