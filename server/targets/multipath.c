@@ -867,7 +867,16 @@ parse_selector (const char *s, enum mpath_selector *ps,
   return -EINVAL;
 }
 
-/* Every path presents what the first one does. */
+/* Every path presents what the first one does: the same size and block
+ * sizes, and writable alike (a read-only path beside writable ones
+ * would make the whole device read-only, as the table merges it, or
+ * fail the writes sent its way: refused, as dm cannot open such a path
+ * for a writable table).  The other capabilities may differ: the device
+ * presents their intersection (table_merge_caps: fast zero only if
+ * every path has it), and FUA is native on a path that has it and
+ * emulated with a flush of that path on one that has not (io_emit,
+ * clone_retry), so a request means the same on whichever path it lands.
+ */
 static int
 check_like_first (struct mpath *m, struct mpath_path *p,
                   struct mapper_err *err)
@@ -887,6 +896,13 @@ check_like_first (struct mpath *m, struct mpath_path *p,
                     b->size >> MAPPER_SECTOR_SHIFT,
                     backend_name (m->paths[0].be),
                     a->size >> MAPPER_SECTOR_SHIFT);
+    return -EINVAL;
+  }
+  if (a->can_write != b->can_write) {
+    mapper_err_set (err, "path %s is %s, path %s is not: every path must "
+                    "reach the same storage, writable alike",
+                    backend_name (p->be), b->can_write ? "writable"
+                    : "read-only", backend_name (m->paths[0].be));
     return -EINVAL;
   }
   if (a->block_min != b->block_min || a->block_pref != b->block_pref ||
