@@ -23,6 +23,7 @@
 #include "internal.h"
 #include "unit.h"
 #include "unit-targets.h"
+#include "targets/multipath.h"
 
 #define S 512ULL
 #define FILE_SECTORS 256
@@ -185,6 +186,74 @@ test_format (void)
   FMT (unit_sprintf ("0 256 multipath 2 failback manual 0 0 0"),
        unit_sprintf ("0 256 multipath 0 0 0 0\n"));
 #undef FMT
+}
+
+/* Every combination of features and selector (with each number of path
+ * arguments) prints as a table that parses back to the same text: what
+ * nbdmsetup table prints and tables=DIR saves loads back as it ran.
+ * Each feature set also keeps what it does: the printed table queues,
+ * or not, as the given one did (status's queue_io with no path).
+ */
+static void
+test_round_trip (void)
+{
+  static const char *const features[] = {
+    "", "queue_if_no_path", "no_path_retry 0", "no_path_retry 4",
+    "queue_if_no_path no_path_retry 0", "no_path_retry 2 queue_if_no_path",
+    "path_timeout_msecs 1000", "path_timeout_msecs 250",
+    "checker_interval_msecs 300", "failback immediate", "failback manual",
+    "queue_if_no_path no_path_retry 6 path_timeout_msecs 40 "
+    "checker_interval_msecs 50 failback immediate",
+  };
+  static const char *const groups[] = {
+    "round-robin 0 2 0 %s %s", "round-robin 0 2 1 %s 3 %s 1",
+    "queue-length 0 2 0 %s %s", "queue-length 0 2 1 %s 1 %s 1",
+    "service-time 0 2 0 %s %s", "service-time 0 2 1 %s 2 %s 1",
+    "service-time 0 2 2 %s 1 0 %s 1 100",
+  };
+
+  char *d;
+
+  unit_write_file (unit_path ("d"), NULL, FILE_SECTORS * S);
+  if ((d = realpath (unit_path ("d"), NULL)) == NULL)
+    UNIT_FATAL ("realpath: %s", strerror (errno));
+  for (size_t f = 0; f < ARRAY_SIZE (features); f++)
+    for (size_t g = 0; g < ARRAY_SIZE (groups); g++)
+      for (unsigned ng = 1; ng <= 2; ng++) {
+        char *pg = unit_sprintf (groups[g], A, B);
+        char *pg2 = unit_sprintf ("service-time 0 1 0 %s", d);
+        unsigned nwords = 0;
+        char *text, buf1[4096], buf2[4096];
+        struct table *t1, *t2;
+
+        for (const char *w = features[f]; *w; w++)
+          nwords += (w == features[f] || w[-1] == ' ') && *w != ' ';
+        text = unit_sprintf ("0 256 multipath %u %s 0 %u %u %s%s%s", nwords,
+                             features[f], ng, ng, pg, ng == 2 ? " " : "",
+                             ng == 2 ? pg2 : "");
+        t1 = unit_parse ("%s", text);
+        if (t1 == NULL)
+          goto next;
+        table_format (t1, buf1, sizeof buf1);
+        t2 = unit_parse ("%s", buf1);
+        if (t2 != NULL) {
+          table_format (t2, buf2, sizeof buf2);
+          CHECKF (strcmp (buf1, buf2) == 0, "\n    table: %s\n    prints: "
+                  "%s    which prints: %s", text, buf1, buf2);
+          CHECKF (atomic_load (&((struct mpath *) t1->targets[0].private)
+                               ->queueing) ==
+                  atomic_load (&((struct mpath *) t2->targets[0].private)
+                               ->queueing), "table %s queues, or not, "
+                  "unlike what it prints: %s", text, buf1);
+          table_free (t2);
+        }
+        table_free (t1);
+      next:
+        free (text);
+        free (pg);
+        free (pg2);
+      }
+  free (d);
 }
 
 static struct device *
@@ -632,6 +701,7 @@ main (void)
   setup ();
   test_bad_tables ();
   test_format ();
+  test_round_trip ();
   test_selectors ();
   test_failover ();
   test_queueing ();
