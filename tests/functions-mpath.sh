@@ -48,6 +48,20 @@ CONF
 }
 nbds_uri () { echo "nbd+unix:///disk?socket=$tmpdir/$1.sock"; }
 
+# two_paths SEED: $disk (4 MiB of random bytes from SEED), servers a
+# and b (nbdkit file) over it, $A and $B their URIs; both_down kills
+# both, both_up starts them again and waits until both paths are active.
+two_paths ()
+{
+    disk=$(mkfile disk.img 4M)
+    fill_random "$disk" 4194304 "$1"
+    kit a "$disk"
+    kit b "$disk"
+    A=$(kit_uri a) B=$(kit_uri b)
+}
+both_down () { kill9 a; kill9 b; }
+both_up () { kit a "$disk"; kit b "$disk"; wait_path "$A" A; wait_path "$B" A; }
+
 # kill9 NAME: the server NAME dies (SIGKILL), its clients' processes too.
 kill9 ()
 {

@@ -20,14 +20,7 @@ requires nbdkit --version
 requires python3 -c 'import nbd'
 requires timeout --version
 
-disk=$(mkfile disk.img 4M)         # read_check's
-fill_random "$disk" 4194304 9
-kit a "$disk"
-kit b "$disk"
-A=$(kit_uri a) B=$(kit_uri b)
-
-both_down () { kill9 a; kill9 b; }
-both_up () { kit a "$disk"; kit b "$disk"; wait_path "$A" A; wait_path "$B" A; }
+two_paths 9
 
 echo "0 8192 multipath 2 checker_interval_msecs 200 0 1 1 round-robin 0 2 0 $A $B" \
     > "$tmpdir/m.table"

@@ -17,13 +17,7 @@ requires nbdkit --version
 requires python3 -c 'import nbd'
 requires timeout --version
 
-disk=$(mkfile disk.img 4M)
-fill_random "$disk" 4194304 5
-kit a "$disk"
-kit b "$disk"
-A=$(kit_uri a) B=$(kit_uri b)
-both_down () { kill9 a; kill9 b; }
-both_up () { kit a "$disk"; kit b "$disk"; wait_path "$A" A; wait_path "$B" A; }
+two_paths 5
 dir=$tmpdir/tables
 mkdir "$dir"
 restart ()

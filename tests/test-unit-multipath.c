@@ -425,6 +425,41 @@ reader (void *arg)
   return NULL;
 }
 
+/* "VERB PATH" to dev's target, which must take it. */
+static void
+path_msg_at (int srcline, struct device *dev, const char *verb,
+             const char *path)
+{
+  struct mapper_err err;
+  char *m = unit_sprintf ("%s %s", verb, path);
+  int r = msg (dev, m, &err);
+
+  if (r != 0) {
+    fprintf (stderr, "test-unit-multipath.c:%d: %s: %d (%s)\n", srcline, m,
+             r, err.msg);
+    unit_failures++;
+  }
+  free (m);
+}
+#define path_msg(dev, verb, path) path_msg_at (__LINE__, dev, verb, path)
+
+/* dev has no path and queues: a read waits, and completes from path
+ * (file from) once reinstate_path brings it back.  It cannot have
+ * completed before: there was no path.
+ */
+static void
+read_waits_for (struct device *dev, const char *path, char from)
+{
+  struct reader rd = { .dev = dev };
+  pthread_t t;
+
+  CHECK_EQ (pthread_create (&t, NULL, reader, &rd), 0);
+  path_msg (dev, "reinstate_path", path);
+  pthread_join (t, NULL);
+  CHECK_EQ (rd.r, 0);
+  CHECK_EQ (rd.from, from);
+}
+
 /* queue_if_no_path: a read waits for a path (reinstate_path) or until
  * queueing stops (fail_if_no_path).  Either way it cannot have completed
  * before the message: there was no path.
@@ -436,26 +471,14 @@ test_queueing (void)
   struct device *dev;
   struct reader rd;
   pthread_t t;
-  char *m;
 
   dev = mp_dev ("0 256 multipath 1 queue_if_no_path 0 1 1 round-robin 0 1 0 "
                 "%s", A);
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "fail_path", A);
   CHECK_STATUS (dev, "2 1 0 0 1 1 E 0 1 0 %s F 1", A);
-  rd = (struct reader) { .dev = dev };
-  CHECK_EQ (pthread_create (&t, NULL, reader, &rd), 0);
-  m = unit_sprintf ("reinstate_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
-  pthread_join (t, NULL);
-  CHECK_EQ (rd.r, 0);
-  CHECK_EQ (rd.from, 'A');
+  read_waits_for (dev, A, 'A');
 
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "fail_path", A);
   rd = (struct reader) { .dev = dev };
   CHECK_EQ (pthread_create (&t, NULL, reader, &rd), 0);
   CHECK_EQ (msg (dev, "fail_if_no_path", &err), MESSAGE_TABLE_CHANGED);
@@ -470,7 +493,7 @@ test_messages (void)
 {
   struct device *dev;
   struct mapper_err err;
-  char before[4096], *m;
+  char before[4096];
   static const struct {
     const char *words, *phrase;
   } bad[] = {
@@ -504,15 +527,11 @@ test_messages (void)
   expect_reads (dev, "BB");
   CHECK_STATUS (dev, "2 0 0 0 2 2 E 0 1 0 %s A 0 A 0 1 0 %s A 0", A, B);
   /* Group 2's path fails (by message): group 1 takes over. */
-  m = unit_sprintf ("fail_path %s", B);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "fail_path", B);
   expect_reads (dev, "A");
   CHECK_STATUS (dev, "2 0 0 0 2 1 A 0 1 0 %s A 0 E 0 1 0 %s F 1", A, B);
   /* reinstate_path: dm does not fail back by itself (manual failback). */
-  m = unit_sprintf ("reinstate_path %s", B);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "reinstate_path", B);
   expect_reads (dev, "A");
   /* disable_group: bypassed while another group has a path. */
   CHECK_EQ (msg (dev, "disable_group 1", &err), 0);
@@ -554,43 +573,45 @@ table_text (struct device *dev)
  * what no_path_retry says.  Without no_path_retry, the message is the
  * table's feature (test_messages).
  */
+/* A queue_if_no_path / fail_if_no_path message under no_path_retry:
+ * taken (0, not MESSAGE_TABLE_CHANGED), and the table as it was.
+ */
+static void
+queue_message_at (int srcline, struct device *dev, const char *words)
+{
+  struct mapper_err err;
+  char *want = table_text (dev), *got;
+  int r = msg (dev, words, &err);
+
+  got = table_text (dev);
+  if (r != 0 || strcmp (got, want) != 0) {
+    fprintf (stderr, "test-unit-multipath.c:%d: %s: %d (%s), table %s"
+             "    was %s", srcline, words, r, err.msg, got, want);
+    unit_failures++;
+  }
+  free (got);
+  free (want);
+}
+#define queue_message(dev, words) queue_message_at (__LINE__, dev, words)
+
 static void
 test_queue_messages (void)
 {
-  struct mapper_err err;
   struct device *dev;
-  struct reader rd;
-  pthread_t t;
-  char *want, *got, *m;
+  char *want, *got;
 
+  /* no_path_retry 0: no path fails at once; queue_if_no_path queues. */
   dev = mp_dev ("0 256 multipath 2 no_path_retry 0 0 1 1 round-robin 0 1 0 "
                 "%s", A);
-  want = table_text (dev);
-  /* no_path_retry 0: no path fails at once; queue_if_no_path queues. */
-  CHECK_EQ (msg (dev, "queue_if_no_path", &err), 0);
-  got = table_text (dev);
-  CHECKF (strcmp (got, want) == 0, "table after queue_if_no_path: %s", got);
-  free (got);
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  queue_message (dev, "queue_if_no_path");
+  path_msg (dev, "fail_path", A);
   CHECK_STATUS (dev, "2 1 0 0 1 1 E 0 1 0 %s F 1", A);
-  rd = (struct reader) { .dev = dev };
-  CHECK_EQ (pthread_create (&t, NULL, reader, &rd), 0);
-  m = unit_sprintf ("reinstate_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
-  pthread_join (t, NULL);
-  CHECK_EQ (rd.r, 0);
-  CHECK_EQ (rd.from, 'A');
+  read_waits_for (dev, A, 'A');
   /* The path came back: no_path_retry 0 again, no queueing. */
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "fail_path", A);
   expect_reads (dev, "E");
   CHECK_STATUS (dev, "2 0 0 0 1 1 E 0 1 0 %s F 2", A);
   device_destroy (dev);
-  free (want);
 
   /* no_path_retry 5 queues; fail_if_no_path fails, until a path is
    * back.
@@ -598,21 +619,12 @@ test_queue_messages (void)
   dev = mp_dev ("0 256 multipath 2 no_path_retry 5 0 1 1 round-robin 0 1 0 "
                 "%s", A);
   want = table_text (dev);
-  CHECK_EQ (msg (dev, "fail_if_no_path", &err), 0);
-  got = table_text (dev);
-  CHECKF (strcmp (got, want) == 0, "table after fail_if_no_path: %s", got);
-  free (got);
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  queue_message (dev, "fail_if_no_path");
+  path_msg (dev, "fail_path", A);
   CHECK_STATUS (dev, "2 0 0 0 1 1 E 0 1 0 %s F 1", A);
   expect_reads (dev, "E");
-  m = unit_sprintf ("reinstate_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "reinstate_path", A);
+  path_msg (dev, "fail_path", A);
   CHECK_STATUS (dev, "2 1 0 0 1 1 E 0 1 0 %s F 2", A);
   device_destroy (dev);
   /* What it printed loads back as itself. */
@@ -634,29 +646,20 @@ test_next_group (void)
 {
   struct mapper_err err;
   struct device *dev;
-  char *m;
 
   /* The initial group has no path at the first I/O. */
   dev = mp_dev ("0 256 multipath 0 0 2 1 round-robin 0 1 0 %s round-robin 0 "
                 "1 0 %s", A, B);
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "fail_path", A);
   expect_reads (dev, "BB");
-  m = unit_sprintf ("reinstate_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "reinstate_path", A);
   expect_reads (dev, "BB");
   CHECK_STATUS (dev, "2 0 0 0 2 2 E 0 1 0 %s A 1 A 0 1 0 %s A 0", A, B);
   /* switch_group to a group with no path. */
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "fail_path", A);
   CHECK_EQ (msg (dev, "switch_group 1", &err), 0);
   expect_reads (dev, "BB");
-  m = unit_sprintf ("reinstate_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "reinstate_path", A);
   expect_reads (dev, "BB");
   CHECK_STATUS (dev, "2 0 0 0 2 2 E 0 1 0 %s A 2 A 0 1 0 %s A 0", A, B);
   /* One with a path: taken. */
