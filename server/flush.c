@@ -126,11 +126,13 @@ backend_writes_lost (struct backend *be)
     f->lost_seq = f->running_seq;
 }
 
-/* A write-type clone completed (clone_done) and may have dirtied c->be. */
+/* A write-type clone completed on be (clone_done) and may have dirtied
+ * it.
+ */
 void
-flush_note_write (struct clone *c)
+flush_note_write (struct backend *be)
 {
-  struct backend_flush *f = &c->be->flush;
+  struct backend_flush *f = &be->flush;
 
   /* One bump after each flush start is enough: write_gen then exceeds
    * what that flush covers, and the next flush request sees it.  A write
@@ -163,18 +165,32 @@ flush_end (struct backend *be, uint64_t seq, int error)
   return error;
 }
 
+static bool
+writes (enum io_op op)
+{
+  return op == IO_WRITE || op == IO_ZERO || op == IO_TRIM;
+}
+
 void
 clone_done (struct clone *c, int error)
 {
   int seen = error;             /* what the request sees */
 
-  /* A target's hook (mirror) may send the clone again elsewhere, or
-   * decide what the request sees; the bookkeeping below still records
-   * what happened on this backend.
+  /* A target's hook (mirror, multipath) may send the clone again
+   * elsewhere, or decide what the request sees; the bookkeeping below
+   * still records what happened on this backend.
    */
   if (c->end_io) {
+    struct backend *be = c->be;   /* clone_retry moves c */
+
     seen = c->end_io (c, c->end_io_ctx, c->end_io_arg, error);
     if (seen == CLONE_RETRY || seen == CLONE_REMAP) {
+      /* The attempt here failed, and may have written part, as below:
+       * be's next flush must not be skipped, wherever the clone goes
+       * (its completion there is counted there).
+       */
+      if (writes (c->op) && error)
+        flush_note_write (be);
       c->remap_due = seen == CLONE_REMAP;
       io_req_clone_retry (c);
       return;
@@ -186,7 +202,7 @@ clone_done (struct clone *c, int error)
      * nothing; a failed one may have written part, so it counts.
      */
     if (error || !(c->flags & MAPPER_FUA))
-      flush_note_write (c);
+      flush_note_write (c->be);
     break;
   case IO_FLUSH:
     if (c->seq)                 /* one of ours (flush_decide) */

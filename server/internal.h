@@ -130,10 +130,11 @@ int io_flush_backends (struct backend *const *bes, size_t n);
  */
 int io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
                             uint64_t seen);
-/* A write-type clone completed on c->be (clone_done, which is in
- * flush.c: the completion every backend calls keeps its bookkeeping).
+/* A write-type clone completed on be, or failed there before a retry
+ * elsewhere (clone_done, which is in flush.c: the completion every
+ * backend calls keeps its bookkeeping).
  */
-void flush_note_write (struct clone *c);
+void flush_note_write (struct backend *be);
 
 /* backend.c: the registry.  Open (or share) the backend spec names;
  * another reference to one held; drop one (the last closes it).

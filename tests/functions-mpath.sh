@@ -48,6 +48,20 @@ CONF
 }
 nbds_uri () { echo "nbd+unix:///disk?socket=$tmpdir/$1.sock"; }
 
+# two_paths SEED: $disk (4 MiB of random bytes from SEED), servers a
+# and b (nbdkit file) over it, $A and $B their URIs; both_down kills
+# both, both_up starts them again and waits until both paths are active.
+two_paths ()
+{
+    disk=$(mkfile disk.img 4M)
+    fill_random "$disk" 4194304 "$1"
+    kit a "$disk"
+    kit b "$disk"
+    A=$(kit_uri a) B=$(kit_uri b)
+}
+both_down () { kill9 a; kill9 b; }
+both_up () { kit a "$disk"; kit b "$disk"; wait_path "$A" A; wait_path "$B" A; }
+
 # kill9 NAME: the server NAME dies (SIGKILL), its clients' processes too.
 kill9 ()
 {
@@ -131,4 +145,46 @@ status_ends ()
     [[ $s == *"$1" ]] ||
         { grep -v 'debug: mapper\[' "$tmpdir/log" | tail -30
           die "status '$s' does not end with '$1'"; }
+}
+
+# read_check [EXPECT]: read 64 KiB at 1 MiB of device m (timeout 60 s);
+# EXPECT ok: the bytes of file $disk (the test's); EIO: fails with EIO;
+# gone: fails any way.
+read_check ()
+{
+    timeout 60 python3 - "$dev_uri" "$disk" "${1:-ok}" <<'PY'
+import errno, sys, nbd
+uri, disk, expect = sys.argv[1:]
+h = nbd.NBD()
+h.connect_uri(uri)
+want = open(disk, "rb").read()[1 << 20:(1 << 20) + 65536]
+try:
+    got = h.pread(65536, 1 << 20)
+except nbd.Error as e:
+    if expect == "EIO" and e.errnum == errno.EIO or expect == "gone":
+        print("read failed as expected:", e)
+        sys.exit(0)
+    sys.exit("read failed: %s" % e)
+if expect != "ok":
+    sys.exit("read succeeded, expected %s" % expect)
+if got != want:
+    sys.exit("read returned the wrong data")
+print("read ok")
+PY
+}
+# read_bg [EXPECT]: read_check in the background (pid in $rd).
+read_bg () { read_check "$@" > "$tmpdir/rd.out" 2>&1 & rd=$!; }
+read_wait ()
+{
+    wait "$rd" || { cat "$tmpdir/rd.out"; die "$1"; }
+    cat "$tmpdir/rd.out"
+}
+# read_wait WHY: the background read ended as expected, else die WHY.
+# queued: status says I/O is queued (no path, queueing), and the reader
+# is still waiting (device m is 8192 sectors).
+queued ()
+{
+    wait_for sh -c "'$NBDMSETUP' status m | grep -q '^0 8192 multipath 2 1 0 '" ||
+        die "status does not say I/O is queued: $(ms status m)"
+    kill -0 "$rd" 2>/dev/null || { cat "$tmpdir/rd.out"; die "the read did not wait"; }
 }

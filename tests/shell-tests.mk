@@ -41,6 +41,9 @@ SHELL_TESTS = \
 	test-multipath.sh \
 	test-multipath-nopath.sh \
 	test-multipath-groups.sh \
+	test-multipath-persist.sh \
+	test-multipath-flush.sh \
+	test-multipath-caps.sh \
 	test-multipath-netns.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \

@@ -20,53 +20,7 @@ requires nbdkit --version
 requires python3 -c 'import nbd'
 requires timeout --version
 
-disk=$(mkfile disk.img 4M)
-fill_random "$disk" 4194304 9
-kit a "$disk"
-kit b "$disk"
-A=$(kit_uri a) B=$(kit_uri b)
-
-# read_check [EXPECT]: read 64 KiB at 1 MiB of device m (timeout 60 s);
-# EXPECT ok: the file's bytes; EIO: fails with EIO; gone: fails any way.
-read_check ()
-{
-    timeout 60 python3 - "$dev_uri" "$disk" "${1:-ok}" <<'PY'
-import errno, sys, nbd
-uri, disk, expect = sys.argv[1:]
-h = nbd.NBD()
-h.connect_uri(uri)
-want = open(disk, "rb").read()[1 << 20:(1 << 20) + 65536]
-try:
-    got = h.pread(65536, 1 << 20)
-except nbd.Error as e:
-    if expect == "EIO" and e.errnum == errno.EIO or expect == "gone":
-        print("read failed as expected:", e)
-        sys.exit(0)
-    sys.exit("read failed: %s" % e)
-if expect != "ok":
-    sys.exit("read succeeded, expected %s" % expect)
-if got != want:
-    sys.exit("read returned the wrong data")
-print("read ok")
-PY
-}
-# read_bg [EXPECT]: read_check in the background (pid in $rd).
-read_bg () { read_check "$@" > "$tmpdir/rd.out" 2>&1 & rd=$!; }
-read_wait ()
-{
-    wait "$rd" || { cat "$tmpdir/rd.out"; die "$1"; }
-    cat "$tmpdir/rd.out"
-}
-# queued: status says I/O is queued (no path, queueing), and the reader
-# is still waiting.
-queued ()
-{
-    wait_for sh -c "'$NBDMSETUP' status m | grep -q '^0 8192 multipath 2 1 0 '" ||
-        die "status does not say I/O is queued: $(ms status m)"
-    kill -0 "$rd" 2>/dev/null || { cat "$tmpdir/rd.out"; die "the read did not wait"; }
-}
-both_down () { kill9 a; kill9 b; }
-both_up () { kit a "$disk"; kit b "$disk"; wait_path "$A" A; wait_path "$B" A; }
+two_paths 9
 
 echo "0 8192 multipath 2 checker_interval_msecs 200 0 1 1 round-robin 0 2 0 $A $B" \
     > "$tmpdir/m.table"

@@ -101,8 +101,7 @@ static const struct backend_ops device_ops = {
 static void
 write_done (struct backend *be)
 {
-  struct clone c = { .be = be, .op = IO_WRITE };
-  flush_note_write (&c);
+  flush_note_write (be);
 }
 
 /* A flush by observer *seen (a client connection: device_flush_errseq

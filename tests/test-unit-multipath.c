@@ -23,6 +23,7 @@
 #include "internal.h"
 #include "unit.h"
 #include "unit-targets.h"
+#include "targets/multipath.h"
 
 #define S 512ULL
 #define FILE_SECTORS 256
@@ -165,13 +166,19 @@ test_format (void)
        unit_sprintf ("0 256 multipath 3 queue_if_no_path path_timeout_msecs "
                      "500 0 2 2 queue-length 0 1 1 %s 1 service-time 0 1 2 "
                      "%s 3 1\n", A, B));
-  /* no_path_retry N queues (multipathd); 0 fails at once. */
+  /* no_path_retry N queues (multipathd); 0 fails at once.  Either way
+   * queue_if_no_path adds nothing, and is not printed.
+   */
   FMT (unit_sprintf ("0 256 multipath 6 no_path_retry 5 failback immediate "
                      "checker_interval_msecs 200 0 1 1 round-robin 0 1 1 %s "
                      "7", A),
-       unit_sprintf ("0 256 multipath 7 queue_if_no_path no_path_retry 5 "
+       unit_sprintf ("0 256 multipath 6 no_path_retry 5 "
                      "checker_interval_msecs 200 failback immediate 0 1 1 "
                      "round-robin 0 1 1 %s 7\n", A));
+  FMT (unit_sprintf ("0 256 multipath 3 no_path_retry 5 queue_if_no_path 0 "
+                     "1 1 round-robin 0 1 0 %s", A),
+       unit_sprintf ("0 256 multipath 2 no_path_retry 5 0 1 1 round-robin 0 "
+                     "1 1 %s 1\n", A));
   FMT (unit_sprintf ("0 256 multipath 3 queue_if_no_path no_path_retry 0 0 "
                      "1 1 round-robin 0 1 0 %s", A),
        unit_sprintf ("0 256 multipath 2 no_path_retry 0 0 1 1 round-robin 0 "
@@ -179,6 +186,74 @@ test_format (void)
   FMT (unit_sprintf ("0 256 multipath 2 failback manual 0 0 0"),
        unit_sprintf ("0 256 multipath 0 0 0 0\n"));
 #undef FMT
+}
+
+/* Every combination of features and selector (with each number of path
+ * arguments) prints as a table that parses back to the same text: what
+ * nbdmsetup table prints and tables=DIR saves loads back as it ran.
+ * Each feature set also keeps what it does: the printed table queues,
+ * or not, as the given one did (status's queue_io with no path).
+ */
+static void
+test_round_trip (void)
+{
+  static const char *const features[] = {
+    "", "queue_if_no_path", "no_path_retry 0", "no_path_retry 4",
+    "queue_if_no_path no_path_retry 0", "no_path_retry 2 queue_if_no_path",
+    "path_timeout_msecs 1000", "path_timeout_msecs 250",
+    "checker_interval_msecs 300", "failback immediate", "failback manual",
+    "queue_if_no_path no_path_retry 6 path_timeout_msecs 40 "
+    "checker_interval_msecs 50 failback immediate",
+  };
+  static const char *const groups[] = {
+    "round-robin 0 2 0 %s %s", "round-robin 0 2 1 %s 3 %s 1",
+    "queue-length 0 2 0 %s %s", "queue-length 0 2 1 %s 1 %s 1",
+    "service-time 0 2 0 %s %s", "service-time 0 2 1 %s 2 %s 1",
+    "service-time 0 2 2 %s 1 0 %s 1 100",
+  };
+
+  char *d;
+
+  unit_write_file (unit_path ("d"), NULL, FILE_SECTORS * S);
+  if ((d = realpath (unit_path ("d"), NULL)) == NULL)
+    UNIT_FATAL ("realpath: %s", strerror (errno));
+  for (size_t f = 0; f < ARRAY_SIZE (features); f++)
+    for (size_t g = 0; g < ARRAY_SIZE (groups); g++)
+      for (unsigned ng = 1; ng <= 2; ng++) {
+        char *pg = unit_sprintf (groups[g], A, B);
+        char *pg2 = unit_sprintf ("service-time 0 1 0 %s", d);
+        unsigned nwords = 0;
+        char *text, buf1[4096], buf2[4096];
+        struct table *t1, *t2;
+
+        for (const char *w = features[f]; *w; w++)
+          nwords += (w == features[f] || w[-1] == ' ') && *w != ' ';
+        text = unit_sprintf ("0 256 multipath %u %s 0 %u %u %s%s%s", nwords,
+                             features[f], ng, ng, pg, ng == 2 ? " " : "",
+                             ng == 2 ? pg2 : "");
+        t1 = unit_parse ("%s", text);
+        if (t1 == NULL)
+          goto next;
+        table_format (t1, buf1, sizeof buf1);
+        t2 = unit_parse ("%s", buf1);
+        if (t2 != NULL) {
+          table_format (t2, buf2, sizeof buf2);
+          CHECKF (strcmp (buf1, buf2) == 0, "\n    table: %s\n    prints: "
+                  "%s    which prints: %s", text, buf1, buf2);
+          CHECKF (atomic_load (&((struct mpath *) t1->targets[0].private)
+                               ->queueing) ==
+                  atomic_load (&((struct mpath *) t2->targets[0].private)
+                               ->queueing), "table %s queues, or not, "
+                  "unlike what it prints: %s", text, buf1);
+          table_free (t2);
+        }
+        table_free (t1);
+      next:
+        free (text);
+        free (pg);
+        free (pg2);
+      }
+  free (d);
 }
 
 static struct device *
@@ -350,6 +425,41 @@ reader (void *arg)
   return NULL;
 }
 
+/* "VERB PATH" to dev's target, which must take it. */
+static void
+path_msg_at (int srcline, struct device *dev, const char *verb,
+             const char *path)
+{
+  struct mapper_err err;
+  char *m = unit_sprintf ("%s %s", verb, path);
+  int r = msg (dev, m, &err);
+
+  if (r != 0) {
+    fprintf (stderr, "test-unit-multipath.c:%d: %s: %d (%s)\n", srcline, m,
+             r, err.msg);
+    unit_failures++;
+  }
+  free (m);
+}
+#define path_msg(dev, verb, path) path_msg_at (__LINE__, dev, verb, path)
+
+/* dev has no path and queues: a read waits, and completes from path
+ * (file from) once reinstate_path brings it back.  It cannot have
+ * completed before: there was no path.
+ */
+static void
+read_waits_for (struct device *dev, const char *path, char from)
+{
+  struct reader rd = { .dev = dev };
+  pthread_t t;
+
+  CHECK_EQ (pthread_create (&t, NULL, reader, &rd), 0);
+  path_msg (dev, "reinstate_path", path);
+  pthread_join (t, NULL);
+  CHECK_EQ (rd.r, 0);
+  CHECK_EQ (rd.from, from);
+}
+
 /* queue_if_no_path: a read waits for a path (reinstate_path) or until
  * queueing stops (fail_if_no_path).  Either way it cannot have completed
  * before the message: there was no path.
@@ -361,26 +471,14 @@ test_queueing (void)
   struct device *dev;
   struct reader rd;
   pthread_t t;
-  char *m;
 
   dev = mp_dev ("0 256 multipath 1 queue_if_no_path 0 1 1 round-robin 0 1 0 "
                 "%s", A);
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "fail_path", A);
   CHECK_STATUS (dev, "2 1 0 0 1 1 E 0 1 0 %s F 1", A);
-  rd = (struct reader) { .dev = dev };
-  CHECK_EQ (pthread_create (&t, NULL, reader, &rd), 0);
-  m = unit_sprintf ("reinstate_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
-  pthread_join (t, NULL);
-  CHECK_EQ (rd.r, 0);
-  CHECK_EQ (rd.from, 'A');
+  read_waits_for (dev, A, 'A');
 
-  m = unit_sprintf ("fail_path %s", A);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "fail_path", A);
   rd = (struct reader) { .dev = dev };
   CHECK_EQ (pthread_create (&t, NULL, reader, &rd), 0);
   CHECK_EQ (msg (dev, "fail_if_no_path", &err), MESSAGE_TABLE_CHANGED);
@@ -395,7 +493,7 @@ test_messages (void)
 {
   struct device *dev;
   struct mapper_err err;
-  char before[4096], *m;
+  char before[4096];
   static const struct {
     const char *words, *phrase;
   } bad[] = {
@@ -429,15 +527,11 @@ test_messages (void)
   expect_reads (dev, "BB");
   CHECK_STATUS (dev, "2 0 0 0 2 2 E 0 1 0 %s A 0 A 0 1 0 %s A 0", A, B);
   /* Group 2's path fails (by message): group 1 takes over. */
-  m = unit_sprintf ("fail_path %s", B);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "fail_path", B);
   expect_reads (dev, "A");
   CHECK_STATUS (dev, "2 0 0 0 2 1 A 0 1 0 %s A 0 E 0 1 0 %s F 1", A, B);
   /* reinstate_path: dm does not fail back by itself (manual failback). */
-  m = unit_sprintf ("reinstate_path %s", B);
-  CHECK_EQ (msg (dev, m, &err), 0);
-  free (m);
+  path_msg (dev, "reinstate_path", B);
   expect_reads (dev, "A");
   /* disable_group: bypassed while another group has a path. */
   CHECK_EQ (msg (dev, "disable_group 1", &err), 0);
@@ -460,16 +554,164 @@ test_messages (void)
   device_destroy (dev);
 }
 
+/* dev's table as nbdmsetup table prints it. */
+static char *
+table_text (struct device *dev)
+{
+  int r;
+  char *t = device_table_text (dev, false, &r);
+
+  if (t == NULL)
+    UNIT_FATAL ("device_table_text: %d", r);
+  return t;
+}
+
+/* queue_if_no_path and fail_if_no_path under no_path_retry N: the
+ * queue mode until a path comes back (multipathd sets dm's flag again
+ * from no_path_retry then); the table, what is saved, does not change,
+ * so what it prints loads back as the same table and a restart does
+ * what no_path_retry says.  Without no_path_retry, the message is the
+ * table's feature (test_messages).
+ */
+/* A queue_if_no_path / fail_if_no_path message under no_path_retry:
+ * taken (0, not MESSAGE_TABLE_CHANGED), and the table as it was.
+ */
+static void
+queue_message_at (int srcline, struct device *dev, const char *words)
+{
+  struct mapper_err err;
+  char *want = table_text (dev), *got;
+  int r = msg (dev, words, &err);
+
+  got = table_text (dev);
+  if (r != 0 || strcmp (got, want) != 0) {
+    fprintf (stderr, "test-unit-multipath.c:%d: %s: %d (%s), table %s"
+             "    was %s", srcline, words, r, err.msg, got, want);
+    unit_failures++;
+  }
+  free (got);
+  free (want);
+}
+#define queue_message(dev, words) queue_message_at (__LINE__, dev, words)
+
+static void
+test_queue_messages (void)
+{
+  struct device *dev;
+  char *want, *got;
+
+  /* no_path_retry 0: no path fails at once; queue_if_no_path queues. */
+  dev = mp_dev ("0 256 multipath 2 no_path_retry 0 0 1 1 round-robin 0 1 0 "
+                "%s", A);
+  queue_message (dev, "queue_if_no_path");
+  path_msg (dev, "fail_path", A);
+  CHECK_STATUS (dev, "2 1 0 0 1 1 E 0 1 0 %s F 1", A);
+  read_waits_for (dev, A, 'A');
+  /* The path came back: no_path_retry 0 again, no queueing. */
+  path_msg (dev, "fail_path", A);
+  expect_reads (dev, "E");
+  CHECK_STATUS (dev, "2 0 0 0 1 1 E 0 1 0 %s F 2", A);
+  device_destroy (dev);
+
+  /* no_path_retry 5 queues; fail_if_no_path fails, until a path is
+   * back.
+   */
+  dev = mp_dev ("0 256 multipath 2 no_path_retry 5 0 1 1 round-robin 0 1 0 "
+                "%s", A);
+  want = table_text (dev);
+  queue_message (dev, "fail_if_no_path");
+  path_msg (dev, "fail_path", A);
+  CHECK_STATUS (dev, "2 0 0 0 1 1 E 0 1 0 %s F 1", A);
+  expect_reads (dev, "E");
+  path_msg (dev, "reinstate_path", A);
+  path_msg (dev, "fail_path", A);
+  CHECK_STATUS (dev, "2 1 0 0 1 1 E 0 1 0 %s F 2", A);
+  device_destroy (dev);
+  /* What it printed loads back as itself. */
+  dev = mp_dev ("%s", want);
+  got = table_text (dev);
+  CHECKF (strcmp (got, want) == 0, "table %s loads back as %s", want, got);
+  free (got);
+  device_destroy (dev);
+  free (want);
+}
+
+/* Group switching as dm's choose_pgpath: the group switch_group (or
+ * the table's initial group) names is used once; one with no path then
+ * is not kept for later, so a path of it coming back fails nothing back
+ * (manual failback).
+ */
+static void
+test_next_group (void)
+{
+  struct mapper_err err;
+  struct device *dev;
+
+  /* The initial group has no path at the first I/O. */
+  dev = mp_dev ("0 256 multipath 0 0 2 1 round-robin 0 1 0 %s round-robin 0 "
+                "1 0 %s", A, B);
+  path_msg (dev, "fail_path", A);
+  expect_reads (dev, "BB");
+  path_msg (dev, "reinstate_path", A);
+  expect_reads (dev, "BB");
+  CHECK_STATUS (dev, "2 0 0 0 2 2 E 0 1 0 %s A 1 A 0 1 0 %s A 0", A, B);
+  /* switch_group to a group with no path. */
+  path_msg (dev, "fail_path", A);
+  CHECK_EQ (msg (dev, "switch_group 1", &err), 0);
+  expect_reads (dev, "BB");
+  path_msg (dev, "reinstate_path", A);
+  expect_reads (dev, "BB");
+  CHECK_STATUS (dev, "2 0 0 0 2 2 E 0 1 0 %s A 2 A 0 1 0 %s A 0", A, B);
+  /* One with a path: taken. */
+  CHECK_EQ (msg (dev, "switch_group 1", &err), 0);
+  expect_reads (dev, "AA");
+  device_destroy (dev);
+}
+
+static int
+count_extent (void *opaque, uint64_t offset, uint64_t len, uint32_t type)
+{
+  (*(unsigned *) opaque)++;
+  return 0;
+}
+
+/* Block status is a query: it leaves round-robin's turn alone (reads
+ * still alternate), and answers from the current group's path.
+ */
+static void
+test_extents_query (void)
+{
+  struct device *dev;
+  char got[9];
+  unsigned n = 0;
+  int e;
+
+  dev = mp_dev ("0 256 multipath 0 0 1 1 round-robin 0 2 0 %s %s", A, B);
+  for (int i = 0; i < 8; i++) {
+    got[i] = read_from (dev, &e);
+    CHECK_EQ (device_extents (dev, S, 0, 0, count_extent, &n), 0);
+  }
+  got[8] = '\0';
+  CHECKF (strcmp (got, "ABABABAB") == 0, "reads between block status "
+          "queries went to %s", got);
+  CHECK (n >= 8);
+  device_destroy (dev);
+}
+
 int
 main (void)
 {
   setup ();
   test_bad_tables ();
   test_format ();
+  test_round_trip ();
   test_selectors ();
   test_failover ();
   test_queueing ();
   test_messages ();
+  test_queue_messages ();
+  test_next_group ();
+  test_extents_query ();
   free (A);
   free (B);
   free (C);

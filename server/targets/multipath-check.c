@@ -15,8 +15,10 @@
  *     path is given up by the watchdog after the path timeout, so one
  *     dead path never holds the others' probes for remote-timeout.
  *
- * Both start when the first multipath target is resumed after
- * engine_start, and stop at engine_stop (within a tick).
+ * Both start at the first multipath target's preresume after
+ * engine_start (or at engine_start, for targets resumed before it), and
+ * stop at engine_stop (within a tick).  A failure to start them refuses
+ * that resume, or engine_start: no multipath runs without its watchdog.
  */
 #include <config.h>
 
@@ -53,20 +55,26 @@ tick (uint64_t ns)
 static void
 watch_path (struct mpath *m, struct mpath_path *p, uint64_t now)
 {
-  uint64_t last, progress;
+  uint64_t last, done;
   char why[64];
 
   if (atomic_load (&p->inflight) == 0) {
     p->busy_seen_ns = 0;
     return;
   }
-  if (p->busy_seen_ns == 0)
-    p->busy_seen_ns = now;
-  /* A busy spell may start between the submitter's count and its stamp:
-   * the first time this thread saw it busy bounds the stamp's age.
+  /* Silence is timed here, not by the requests (they read no clock):
+   * from when this thread first saw the path busy, or last saw its
+   * completions move, whichever is later; late by one tick at most.
    */
-  progress = atomic_load (&p->progress_ns);
-  last = MAX (progress, p->busy_seen_ns);
+  done = atomic_load_explicit (&p->completions, memory_order_relaxed);
+  if (p->busy_seen_ns == 0) {
+    p->busy_seen_ns = now;
+    p->progress_ns = now;
+  }
+  else if (done != p->seen_completions)
+    p->progress_ns = now;
+  p->seen_completions = done;
+  last = p->progress_ns;
   if (last >= now || now - last < m->path_timeout_ns ||
       p->abandoned_mark == last)
     return;
@@ -90,7 +98,7 @@ watch (struct mpath *m, uint64_t now)
   /* no_path_retry: multipathd counts checker runs with no path. */
   pthread_mutex_lock (&m->lock);
   if (m->no_path_retry >= 0 && atomic_load (&m->nr_valid) == 0 &&
-      !m->exhausted && m->queue_if_no_path &&
+      !m->exhausted && m->queue_if_no_path && m->msg_queueing == 0 &&
       now - m->nopath_since_ns >= m->no_path_retry * m->checker_ns) {
     m->exhausted = true;
     mpath_update_queueing (m);
@@ -161,13 +169,15 @@ check_worker (void *arg)
   return NULL;
 }
 
-/* list_lock held. */
+/* list_lock held: start the threads if the engine runs and they do
+ * not; 0 or -errno (neither then runs).
+ */
 static int
 start_threads_locked (void)
 {
   int e;
 
-  if (threads_running || !engine_running || list == NULL)
+  if (threads_running || !engine_running)
     return 0;
   if ((e = mapper_thread_create (&watch_thread, watch_worker,
                                  "mapper-mpathw")) != 0)
@@ -188,20 +198,37 @@ start_threads_locked (void)
   return 0;
 }
 
+/* list_lock held: start_threads_locked, saying why it failed. */
+static int
+start_threads_err (struct mapper_err *err)
+{
+  int r = start_threads_locked ();
+
+  if (r < 0)
+    mapper_err_set (err, "cannot start the path checker and watchdog "
+                    "threads: %s", mapper_strerror (-r));
+  return r;
+}
+
+int
+mpath_threads_ensure (struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&list_lock);
+
+  return start_threads_err (err);
+}
+
 void
 mpath_register (struct mpath *m)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&list_lock);
-  int r;
 
+  /* The threads run (preresume, engine_start) or start at engine_start. */
   if (!m->registered) {
     m->registered = true;
     m->next = list;
     list = m;
   }
-  if ((r = start_threads_locked ()) < 0 && mapper_log)
-    mapper_log ("multipath %s: cannot start the path checker: %s",
-                target_origin (m->ti), strerror (-r));
 }
 
 void
@@ -231,9 +258,11 @@ mpath_threads_start (struct mapper_err *err)
   int r;
 
   engine_running = true;
-  if ((r = start_threads_locked ()) < 0)
-    mapper_err_set (err, "multipath: cannot start the path checker: %s",
-                    strerror (-r));
+  /* None resumed yet: the first one's preresume starts them. */
+  if (list == NULL)
+    return 0;
+  if ((r = start_threads_err (err)) < 0)
+    mapper_err_prefix (err, "multipath");
   return r;
 }
 

@@ -64,8 +64,10 @@ static const unsigned selector_info_args[] = { 0, 1, 2 };
 void
 mpath_update_queueing (struct mpath *m)
 {
-  atomic_store (&m->queueing, m->queue_if_no_path && !m->exhausted &&
-                !m->suspending);
+  bool q = m->msg_queueing ? m->msg_queueing > 0
+    : m->queue_if_no_path && !m->exhausted;
+
+  atomic_store (&m->queueing, q && !m->suspending);
   pthread_cond_broadcast (&m->cond);
 }
 
@@ -107,7 +109,12 @@ mpath_reinstate_path (struct mpath *m, struct mpath_path *p, bool checker)
   }
   atomic_store (&p->active, true);
   if (atomic_fetch_add (&m->nr_valid, 1) == 0) {
-    m->exhausted = false;       /* multipathd queues again */
+    /* multipathd queues again by no_path_retry's rule (its
+     * update_queue_mode_add_path): the count restarts, and a message's
+     * queueing under no_path_retry lapses.
+     */
+    m->exhausted = false;
+    m->msg_queueing = 0;
     mpath_update_queueing (m);
   }
   /* multipathd's failback: back to a better group as soon as one of its
@@ -123,21 +130,22 @@ mpath_reinstate_path (struct mpath *m, struct mpath_path *p, bool checker)
                 atomic_load (&m->nr_valid), m->nr_paths);
 }
 
+/* Counters only, no clock: no selector needs the time (service-time
+ * weighs bytes in flight, as dm-ps-service-time does), and the watchdog
+ * times silence with its own clock, from when it sees inflight busy and
+ * completions not moving (multipath-check.c).
+ */
 void
 mpath_path_start (struct mpath_path *p, uint64_t len)
 {
   atomic_fetch_add_explicit (&p->inflight_bytes, len, memory_order_relaxed);
-  /* A busy spell starts now: the watchdog measures silence from here. */
-  if (atomic_fetch_add (&p->inflight, 1) == 0)
-    atomic_store_explicit (&p->progress_ns, monotonic_ns (),
-                           memory_order_relaxed);
+  atomic_fetch_add (&p->inflight, 1);
 }
 
 void
 mpath_path_end (struct mpath_path *p, uint64_t len)
 {
-  atomic_store_explicit (&p->progress_ns, monotonic_ns (),
-                         memory_order_relaxed);
+  atomic_fetch_add_explicit (&p->completions, 1, memory_order_relaxed);
   atomic_fetch_sub_explicit (&p->inflight_bytes, len, memory_order_relaxed);
   atomic_fetch_sub (&p->inflight, 1);
 }
@@ -234,22 +242,30 @@ select_in_group (struct mpath *m, struct mpath_group *g, uint64_t len)
   return NULL;
 }
 
-/* dm's choose_pgpath: the group switch_group (or the table) named, else
- * the current group while it has a path, else the first group in
- * priority order with one, disabled groups last.  NULL: no path.
+/* lock held: make group g current (a debug line when it changes). */
+static void
+set_current_pg (struct mpath *m, int g)
+{
+  if (atomic_exchange (&m->current_pg, g) != g && g >= 0 && mapper_debug)
+    mapper_debug ("multipath %s: priority group %d is active",
+                  target_origin (m->ti), g + 1);
+}
+
+/* dm's choose_pgpath, under lock: the group switch_group (or the table)
+ * named, once: it is used up whether or not it has a path (a switch to
+ * a group with none is not kept for later, which would fail back when
+ * one of its paths returns, whatever failback says); else the current
+ * group while it has a path; else the first group in priority order
+ * with one, disabled groups last.  NULL: no path.
  */
 static struct mpath_path *
-choose_path (struct mpath *m, uint64_t len)
+choose_path_locked (struct mpath *m, uint64_t len)
 {
   struct mpath_path *p;
-  int n = atomic_load (&m->next_pg);
-  int cur;
+  int n = atomic_exchange (&m->next_pg, -1), cur;
 
   if (n >= 0 && (p = select_in_group (m, &m->groups[n], len)) != NULL) {
-    if (atomic_exchange (&m->current_pg, n) != n && mapper_debug)
-      mapper_debug ("multipath %s: priority group %d is active",
-                    target_origin (m->ti), n + 1);
-    atomic_compare_exchange_strong (&m->next_pg, &n, -1);
+    set_current_pg (m, n);
     return p;
   }
   cur = atomic_load (&m->current_pg);
@@ -260,14 +276,49 @@ choose_path (struct mpath *m, uint64_t len)
       if (atomic_load (&m->groups[i].bypassed) != bypassed)
         continue;
       if ((p = select_in_group (m, &m->groups[i], len)) != NULL) {
-        if (atomic_exchange (&m->current_pg, (int) i) != (int) i &&
-            mapper_debug)
-          mapper_debug ("multipath %s: priority group %u is active",
-                        target_origin (m->ti), i + 1);
+        set_current_pg (m, (int) i);
         return p;
       }
     }
-  atomic_store (&m->current_pg, -1);
+  set_current_pg (m, -1);
+  return NULL;
+}
+
+/* A path for a request: lock-free while the current group serves and no
+ * switch is due; group changes are decided under the lock, so that two
+ * requests never undo each other's choice.
+ */
+static struct mpath_path *
+choose_path (struct mpath *m, uint64_t len)
+{
+  struct mpath_path *p;
+  int cur;
+
+  if (atomic_load (&m->next_pg) < 0 &&
+      (cur = atomic_load (&m->current_pg)) >= 0 &&
+      (p = select_in_group (m, &m->groups[cur], len)) != NULL)
+    return p;
+  pthread_mutex_lock (&m->lock);
+  p = choose_path_locked (m, len);
+  pthread_mutex_unlock (&m->lock);
+  return p;
+}
+
+/* The path block status asks first: the first active path of the group
+ * I/O goes to (or will, after switch_group).  A query, not I/O: it
+ * leaves the selectors' state (round-robin's turn) and the group as
+ * they are.  NULL: none.
+ */
+static struct mpath_path *
+peek_path (struct mpath *m)
+{
+  int g = atomic_load (&m->next_pg);
+
+  if (g < 0 && (g = atomic_load (&m->current_pg)) < 0)
+    return NULL;
+  for (unsigned i = 0; i < m->groups[g].nr_paths; i++)
+    if (path_usable (&m->paths[m->groups[g].first + i]))
+      return &m->paths[m->groups[g].first + i];
   return NULL;
 }
 
@@ -336,7 +387,7 @@ mpath_end_io (struct clone *c, void *ctx, uint64_t arg, int error)
   if (error == 0 || !path_error (error))
     return error;
   snprintf (why, sizeof why, "%s", error == -EIO ? "I/O error"
-            : strerror (-error));
+            : mapper_strerror (-error));
   mpath_fail_path (m, p, false, why);
   return CLONE_REMAP;           /* mpath_remap, in the request's waiter */
 }
@@ -494,7 +545,7 @@ mpath_extents (struct target *ti, struct extent_walk *w, uint64_t off,
 {
   struct mpath *m = ti->private;
   uint64_t end = off + len;
-  struct mpath_path *first = choose_path (m, 0);
+  struct mpath_path *first = peek_path (m);
 
   for (unsigned i = 0; i <= m->nr_paths && !extent_walk_done (w); i++) {
     struct mpath_path *p = i == 0 ? first : &m->paths[i - 1];
@@ -515,7 +566,8 @@ mpath_extents (struct target *ti, struct extent_walk *w, uint64_t off,
 static unsigned
 nr_features (const struct mpath *m)
 {
-  return m->queue_if_no_path + 2 * (m->no_path_retry >= 0) +
+  return (m->queue_if_no_path && m->no_path_retry < 0) +
+    2 * (m->no_path_retry >= 0) +
     2 * (m->path_timeout_ns != MPATH_PATH_TIMEOUT_MS * 1000000ULL) +
     2 * (m->checker_ns != MPATH_CHECKER_MS * 1000000ULL) +
     2 * m->failback_immediate;
@@ -527,18 +579,26 @@ mpath_status (struct target *ti, enum status_type type, char *buf,
 {
   struct mpath *m = ti->private;
   size_t used = 0;
-  int n = atomic_load (&m->next_pg), cur = atomic_load (&m->current_pg);
-  unsigned pg_num = n >= 0 ? (unsigned) n + 1 : cur >= 0 ? (unsigned) cur + 1
-    : m->nr_groups ? 1 : 0;
+  int n, cur;
+  unsigned pg_num;
 
+  /* One moment's groups: they change under the lock. */
   pthread_mutex_lock (&m->lock);
+  n = atomic_load (&m->next_pg);
+  cur = atomic_load (&m->current_pg);
+  pg_num = n >= 0 ? (unsigned) n + 1 : cur >= 0 ? (unsigned) cur + 1
+    : m->nr_groups ? 1 : 0;
   if (type == STATUSTYPE_INFO)
     /* dm: queue_io, pg_init_count; queue_io here: I/O is being queued. */
     EMIT ("2 %d 0 0", atomic_load (&m->nr_valid) == 0 &&
           atomic_load (&m->queueing));
   else {
+    /* With no_path_retry, queue_if_no_path says nothing more (N > 0
+     * queues, 0 fails) and messages do not change the table: printed
+     * without it, the table loads back as it runs.
+     */
     EMIT ("%u", nr_features (m));
-    if (m->queue_if_no_path)
+    if (m->queue_if_no_path && m->no_path_retry < 0)
       EMIT (" queue_if_no_path");
     if (m->no_path_retry >= 0)
       EMIT (" no_path_retry %ld", m->no_path_retry);
@@ -637,11 +697,26 @@ mpath_message (struct target *ti, unsigned argc, char **argv, char *reply,
       return -EINVAL;
     }
     pthread_mutex_lock (&m->lock);
-    m->queue_if_no_path = q;
-    if (q)
-      m->exhausted = false;
+    if (m->no_path_retry >= 0)
+      /* multipathd's queue mode: the message holds until a path comes
+       * back after none was left (dm's flag, which multipathd sets again
+       * from no_path_retry then), or a reload; no_path_retry stays the
+       * table's, and what a restart does.
+       */
+      m->msg_queueing = q ? 1 : -1;
+    else {
+      m->queue_if_no_path = q;
+      if (q)
+        m->exhausted = false;
+    }
     mpath_update_queueing (m);
     pthread_mutex_unlock (&m->lock);
+    if (m->no_path_retry >= 0) {
+      target_event (ti, "%s: %s when no path is left, until a path comes "
+                    "back (then no_path_retry %ld)", argv[0],
+                    q ? "queueing" : "failing I/O", m->no_path_retry);
+      return 0;
+    }
     target_event (ti, "%s", q ? "queue_if_no_path: queueing when no path "
                   "is left" : "fail_if_no_path: failing I/O when no path "
                   "is left");
@@ -679,6 +754,7 @@ mpath_message (struct target *ti, unsigned argc, char **argv, char *reply,
   }
   if (group_arg (m, argv[0], argv[1], &g, err) < 0)
     return -EINVAL;
+  pthread_mutex_lock (&m->lock);
   if (strcasecmp (argv[0], "switch_group") == 0) {
     /* dm's switch_pg_num: every group enabled, g next. */
     for (unsigned i = 0; i < m->nr_groups; i++)
@@ -692,6 +768,7 @@ mpath_message (struct target *ti, unsigned argc, char **argv, char *reply,
     if (off && atomic_load (&m->current_pg) == (int) g)
       atomic_store (&m->current_pg, -1);
   }
+  pthread_mutex_unlock (&m->lock);
   target_event (ti, "%s %u", argv[0], g + 1);
   return 0;
 }
@@ -790,7 +867,16 @@ parse_selector (const char *s, enum mpath_selector *ps,
   return -EINVAL;
 }
 
-/* Every path presents what the first one does. */
+/* Every path presents what the first one does: the same size and block
+ * sizes, and writable alike (a read-only path beside writable ones
+ * would make the whole device read-only, as the table merges it, or
+ * fail the writes sent its way: refused, as dm cannot open such a path
+ * for a writable table).  The other capabilities may differ: the device
+ * presents their intersection (table_merge_caps: fast zero only if
+ * every path has it), and FUA is native on a path that has it and
+ * emulated with a flush of that path on one that has not (io_emit,
+ * clone_retry), so a request means the same on whichever path it lands.
+ */
 static int
 check_like_first (struct mpath *m, struct mpath_path *p,
                   struct mapper_err *err)
@@ -810,6 +896,13 @@ check_like_first (struct mpath *m, struct mpath_path *p,
                     b->size >> MAPPER_SECTOR_SHIFT,
                     backend_name (m->paths[0].be),
                     a->size >> MAPPER_SECTOR_SHIFT);
+    return -EINVAL;
+  }
+  if (a->can_write != b->can_write) {
+    mapper_err_set (err, "path %s is %s, path %s is not: every path must "
+                    "reach the same storage, writable alike",
+                    backend_name (p->be), b->can_write ? "writable"
+                    : "read-only", backend_name (m->paths[0].be));
     return -EINVAL;
   }
   if (a->block_min != b->block_min || a->block_pref != b->block_pref ||
@@ -1004,6 +1097,16 @@ mpath_presuspend (struct target *ti)
   pthread_mutex_unlock (&m->lock);
 }
 
+/* The watchdog and the path checker must run before the table does:
+ * a failure to start them refuses the resume (or the load, at
+ * engine_start), rather than leave a device failing over nothing.
+ */
+static int
+mpath_preresume (struct target *ti, struct mapper_err *err)
+{
+  return mpath_threads_ensure (err);
+}
+
 static void
 mpath_resume (struct target *ti)
 {
@@ -1068,6 +1171,7 @@ const struct target_type multipath_target = {
   .iterate_backends = mpath_iterate_backends,
   .flush = mpath_flush,
   .presuspend = mpath_presuspend,
+  .preresume = mpath_preresume,
   .resume = mpath_resume,
   .postsuspend = mpath_postsuspend,
   .message = mpath_message,

@@ -42,12 +42,15 @@ struct mpath_path {
   _Atomic unsigned fail_count;
   _Atomic unsigned inflight;    /* clones issued and not completed */
   _Atomic uint64_t inflight_bytes;
-  _Atomic uint64_t progress_ns; /* last completion, or start of a busy spell */
+  _Atomic uint64_t completions; /* clones completed: the watchdog's sign
+                                 * of life (no clock read per request) */
   _Atomic uint64_t writes;      /* write-type clones completed on it */
   _Atomic uint64_t flushed;     /* writes covered by a successful flush */
 
   /* The watchdog's (multipath-check.c). */
   uint64_t busy_seen_ns;        /* first seen busy, 0: seen idle */
+  uint64_t seen_completions;    /* completions when it last looked */
+  uint64_t progress_ns;         /* when it saw them move, or busy_seen_ns */
   uint64_t abandoned_mark;      /* the last sign of life it gave up on */
   /* The checker's. */
   uint64_t next_check_ns;
@@ -73,6 +76,9 @@ struct mpath {
   uint64_t path_timeout_ns, checker_ns;
   bool failback_immediate;
 
+  /* Written under lock, read without it by the fast path of
+   * choose_path.
+   */
   _Atomic int current_pg;       /* index, -1: none chosen */
   _Atomic int next_pg;          /* switch_group, initial group; -1: none */
   _Atomic unsigned nr_valid;    /* active paths */
@@ -81,8 +87,12 @@ struct mpath {
    */
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  bool queue_if_no_path;        /* the feature, or messages */
+  bool queue_if_no_path;        /* the feature, or messages; with
+                                 * no_path_retry N: N > 0 */
   bool exhausted;               /* no_path_retry ran out (a path resets) */
+  int msg_queueing;             /* with no_path_retry, the last message
+                                 * until a path comes back: 1 queue, -1
+                                 * fail, 0 none (no_path_retry rules) */
   bool suspending;              /* presuspend to resume: never queue */
   _Atomic bool queueing;        /* queue now, if there is no path */
   uint64_t nopath_since_ns;     /* nr_valid fell to 0 then */
@@ -108,6 +118,10 @@ int mpath_probe (struct mpath *m, struct mpath_path *p);
 void mpath_update_queueing (struct mpath *m);
 
 /* multipath-check.c */
+/* preresume: the threads running (if the engine runs), or -errno with
+ * err filled.
+ */
+int mpath_threads_ensure (struct mapper_err *err);
 void mpath_register (struct mpath *m);
 void mpath_unregister (struct mpath *m);
 int mpath_threads_start (struct mapper_err *err);
