@@ -94,6 +94,16 @@ ms status c | grep -Eq '^0 65536 clone 8 [0-9]+/1024 16 4096/4096 0 0 4 hydratio
 [ "$(ev c)" -gt "$ev0" ] || die "no event for the end of hydration"
 grep -q 'clone: device c: hydration complete: 4096 regions' "$tmpdir/log" ||
     die "no log line for the end of hydration"
+# Hydrated, the clone keeps one worker (its once-a-second commit), not
+# the four that copied: a finished clone waiting for its linear table
+# costs one sleeping thread.
+for (( i = 0; i < 50; i++ )); do
+    nw=$(grep -lx mapper-clone /proc/"$(cat "$tmpdir/ctl.pid")"/task/*/comm |
+             wc -l)
+    [ "$nw" -eq 1 ] && break
+    sleep 0.1
+done
+[ "$nw" -eq 1 ] || die "a hydrated clone keeps $nw mapper-clone threads"
 
 # Replace by linear on the destination, as dm-clone's documentation says.
 ms reload c --table "0 $sectors linear $dest 0"

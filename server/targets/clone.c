@@ -350,16 +350,14 @@ find_my_state (unsigned *me)
 static void *
 clone_worker (void *arg)
 {
-  char *buf = aligned_alloc (4096, COPY_CHUNK);
+  char *buf = NULL;             /* only while there is copying to do */
   struct clone_state *s;
   unsigned me;
 
-  if ((s = find_my_state (&me)) == NULL) {
-    free (buf);
+  if ((s = find_my_state (&me)) == NULL)
     return NULL;
-  }
   pthread_mutex_lock (&s->lock);
-  while (!s->stop && buf) {
+  while (!s->stop) {
     struct clone_c *c = s->bound;
     uint64_t r, n = 0, off, len, now = monotonic_ns ();
     struct timespec ts;
@@ -374,7 +372,21 @@ clone_worker (void *arg)
     if (!s->failed && atomic_load (&c->hydration_enabled) &&
         s->nr_hydrated < s->nr_regions)
       n = next_run (s, c, &r);
+    if (n > 0 && buf == NULL &&
+        (buf = aligned_alloc (4096, COPY_CHUNK)) == NULL)
+      n = 0;                    /* out of memory: try again later */
     if (n == 0) {
+      /* Hydrated for good: only worker 0 (the periodic commit) stays,
+       * without its copy buffer, so a hydrated clone costs one sleeping
+       * thread, not four and 16 MiB.  stop_workers still joins the
+       * others.
+       */
+      if (s->nr_hydrated == s->nr_regions) {
+        if (me != 0)
+          break;
+        free (buf);
+        buf = NULL;
+      }
       clock_gettime (CLOCK_MONOTONIC, &ts);
       ts.tv_sec += 1;
       pthread_cond_timedwait (&s->cond, &s->lock, &ts);
