@@ -364,8 +364,8 @@ resync_worker (void *arg)
       mirror_log_clear_pass (m);
       mirror_log_state (m, "resync complete");
       target_event (m->ti, "resync complete, %" PRIu64 "/%" PRIu64
-                    " regions in sync, %" PRIu64 " copied (%" PRIu64
-                    " bytes of holes not)", m->nr_regions, m->nr_regions,
+                    " regions in sync, %" PRIu64 " regions copied, %"
+                    PRIu64 " bytes of holes skipped", m->nr_regions, m->nr_regions,
                     (uint64_t) atomic_load (&m->nr_copied),
                     (uint64_t) atomic_load (&m->bytes_skipped));
     }
