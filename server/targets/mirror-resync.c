@@ -345,7 +345,6 @@ resync_worker (void *arg)
     seen = atomic_load (&m->fg_ios);
     request_wait_cancel = &m->stop_copy;
     r = copy_region (m, buf, region);
-    request_wait_cancel = NULL;
     /* Raised while resync_current is m: a swap waits for that
      * (postsuspend) before it unbinds the table, so they reach the
      * device the table is live on.  Each happens once: m is not queued
@@ -365,7 +364,8 @@ resync_worker (void *arg)
       mirror_log_state (m, "resync complete");
       target_event (m->ti, "resync complete, %" PRIu64 "/%" PRIu64
                     " regions in sync, %" PRIu64 " regions copied, %"
-                    PRIu64 " bytes of holes skipped", m->nr_regions, m->nr_regions,
+                    PRIu64 " bytes of holes skipped", m->nr_regions,
+                    m->nr_regions,
                     (uint64_t) atomic_load (&m->nr_copied),
                     (uint64_t) atomic_load (&m->bytes_skipped));
     }
@@ -374,6 +374,8 @@ resync_worker (void *arg)
       mirror_log_clear_pass (m);
       m->last_pass_ns = now_ns ();
     }
+    /* The log passes above flush legs: given up as the copy is. */
+    request_wait_cancel = NULL;
     /* Foreground I/O keeps priority: after a region that competed with
      * it, let it run alone for a while.
      */
