@@ -18,17 +18,23 @@
  * dirty one may differ and is resynced at the next load.
  *
  * - Before the first write to a clean region goes out, its bit is made
- *   dirty on the device (a FUA write of the log block holding it), under
- *   the log's lock: other writers of that region wait for it, writers of
- *   dirty regions never take the lock (dm-region-hash's mark before
- *   write).
+ *   dirty on the device (a FUA write of the log blocks holding it):
+ *   writers of that region wait for it, writers of dirty regions never
+ *   take the log's lock (dm-region-hash's mark before write).  One log
+ *   write is in flight at a time; the writers that need a mark while it
+ *   is have theirs made by the next one, all together (dm marks a batch
+ *   of bios' regions with one log flush).
  * - Bits are cleared lazily (dm's clear_region, then flush): a clear pass
  *   (at each device flush, and as resync progresses) takes the in-sync
- *   dirty regions with no write in flight, flushes the legs, and cleans
- *   those that saw no write start or end meanwhile (a per-region count of
- *   writes started, next to the count in flight), then writes the log
- *   blocks that changed (FUA).  A write that started before the legs'
- *   flush but had not completed keeps its region dirty.
+ *   dirty regions with no write in flight and none since the previous
+ *   pass (a per-region count of writes started, next to the count in
+ *   flight), flushes the legs, and cleans those that saw no write start
+ *   or end meanwhile, then writes the log blocks that changed (FUA).  A
+ *   write that started before the legs' flush but had not completed
+ *   keeps its region dirty.  A region written between two passes stays
+ *   dirty at the second: a region in use is not cleaned only to be
+ *   marked again by its next write (one FUA log write per write when
+ *   the client flushes often).
  * - While any leg has failed (a write, a resync write or a flush), no bit
  *   is cleared: those regions must be resynced when the leg is replaced
  *   (dm's RH_NOSYNC).
@@ -177,6 +183,7 @@ mirror_log_ctr (struct mirror *m, const char *dev, bool block_on_error,
   }
   m->log = l;
   pthread_mutex_init (&l->lock, NULL);
+  pthread_cond_init (&l->idle, NULL);
   pthread_mutex_init (&l->pass_lock, NULL);
   l->block_on_error = block_on_error;
 
@@ -211,7 +218,8 @@ mirror_log_ctr (struct mirror *m, const char *dev, bool block_on_error,
   }
   l->buf = calloc (1, l->size);
   l->wstate = calloc (m->nr_regions, sizeof *l->wstate);
-  if (l->buf == NULL || l->wstate == NULL) {
+  l->seen = calloc (m->nr_regions, sizeof *l->seen);
+  if (l->buf == NULL || l->wstate == NULL || l->seen == NULL) {
     mapper_err_set (err, "out of memory for a log of %" PRIu64 " regions",
                     m->nr_regions);
     return -ENOMEM;
@@ -356,48 +364,115 @@ mirror_log_free (struct mirror *m)
   if (l == NULL)
     return;
   pthread_mutex_destroy (&l->lock);
+  pthread_cond_destroy (&l->idle);
   pthread_mutex_destroy (&l->pass_lock);
+  free (l->want);
   free (l->buf);
   free (l->wstate);
+  free (l->seen);
   free (l);
   m->log = NULL;
 }
 
-/* Make region r dirty on the device, if it is still clean. */
+static bool
+want_add (struct mirror_log *l, uint64_t r)
+{
+  for (size_t i = 0; i < l->nwant; i++)
+    if (l->want[i] == r)
+      return true;
+  if (l->nwant == l->awant) {
+    size_t a = l->awant ? 2 * l->awant : 16;
+    uint64_t *p = realloc (l->want, a * sizeof *p);
+    if (p == NULL)
+      return false;
+    l->want = p, l->awant = a;
+  }
+  l->want[l->nwant++] = r;
+  return true;
+}
+
+/* Wait until no log write is in flight, then own the next one (l->lock
+ * held, dropped meanwhile).
+ */
+static void
+begin_write (struct mirror_log *l)
+{
+  while (l->writing)
+    pthread_cond_wait (&l->idle, &l->lock);
+  l->writing = true;
+}
+
+static void
+end_write (struct mirror_log *l)
+{
+  l->writing = false;
+  pthread_cond_broadcast (&l->idle);
+}
+
+/* Make region r dirty on the device, if it is still clean: with every
+ * region other writers are waiting to have marked.
+ */
 static int
 mark_region (struct mirror *m, uint64_t r)
 {
   struct mirror_log *l = m->log;
-  int e = 0;
+  uint64_t *list, lo = UINT64_MAX, hi = 0;
+  unsigned char *img;
+  size_t n;
+  int e;
 
   pthread_mutex_lock (&l->lock);
-  if (bit_clean (l, r)) {
-    uint64_t byte = LOG_OFFSET + r / 8;
-    uint64_t boff = byte / l->block * l->block;
-    unsigned char *b = malloc (l->block);
-
-    /* The image changes only once the device has it: writers that read
-     * the bit without the lock must not go ahead before that.
-     */
-    if (b == NULL)
-      e = -ENOMEM;
-    else {
-      memcpy (b, l->buf + boff, l->block);
-      b[byte - boff] &= ~(1u << (r % 8));
-      e = log_write (m, boff, l->block, b);
-      free (b);
-    }
-    if (e == 0)
-      atomic_fetch_add (&l->marks, 1);
-    if (e == 0 || !l->block_on_error) {
-      set_dirty (l, r);
-      e = 0;
-    }
-    else
-      e = -EIO;
+  while (l->writing && bit_clean (l, r)) {
+    /* The write in flight may not have r: the next one will. */
+    want_add (l, r);
+    pthread_cond_wait (&l->idle, &l->lock);
   }
+  if (!bit_clean (l, r)) {
+    pthread_mutex_unlock (&l->lock);
+    return 0;
+  }
+  if (!want_add (l, r)) {
+    pthread_mutex_unlock (&l->lock);
+    return -ENOMEM;
+  }
+  list = l->want, n = l->nwant;
+  l->want = NULL, l->nwant = l->awant = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t b = (LOG_OFFSET + list[i] / 8) / l->block * l->block;
+    lo = MIN (lo, b);
+    hi = MAX (hi, b + l->block);
+  }
+  /* The image changes only once the device has it: writers that read
+   * the bits without the lock must not go ahead before that.
+   */
+  img = malloc (hi - lo);
+  if (img == NULL) {
+    free (list);
+    pthread_mutex_unlock (&l->lock);
+    return -ENOMEM;
+  }
+  memcpy (img, l->buf + lo, hi - lo);
+  for (size_t i = 0; i < n; i++)
+    img[LOG_OFFSET + list[i] / 8 - lo] &= ~(1u << (list[i] % 8));
+  l->writing = true;
   pthread_mutex_unlock (&l->lock);
-  return e;
+
+  e = log_write (m, lo, hi - lo, img);
+
+  pthread_mutex_lock (&l->lock);
+  if (e == 0 || !l->block_on_error)
+    for (size_t i = 0; i < n; i++)
+      set_dirty (l, list[i]);
+  if (e == 0)
+    atomic_fetch_add (&l->marks, n);
+  end_write (l);
+  pthread_mutex_unlock (&l->lock);
+  free (img);
+  free (list);
+  /* With block_on_error, the others of the batch find their bits still
+   * clean and try again themselves.
+   */
+  return e == 0 || !l->block_on_error ? 0 : -EIO;
 }
 
 int
@@ -452,7 +527,9 @@ mirror_log_clear_pass (struct mirror *m)
         (LEG_WRITE_ERR | LEG_SYNC_ERR | LEG_FLUSH_ERR))
       goto out;
 
-  /* In-sync dirty regions with no write in flight. */
+  /* In-sync dirty regions with no write in flight, and none started or
+   * ended since the last pass.
+   */
   for (uint64_t r = 0; r < m->nr_regions; r++) {
     uint64_t s;
 
@@ -464,6 +541,10 @@ mirror_log_clear_pass (struct mirror *m)
     if (bit_clean (l, r) || !region_in_sync (m, r))
       continue;
     s = atomic_load (&l->wstate[r]);
+    if (s != l->seen[r]) {
+      l->seen[r] = s;           /* in use: not this time */
+      continue;
+    }
     if (s & LOG_PENDING_MASK)
       continue;
     if (n == alloc) {
@@ -486,6 +567,7 @@ mirror_log_clear_pass (struct mirror *m)
       goto out;
 
   pthread_mutex_lock (&l->lock);
+  begin_write (l);
   for (size_t i = 0; i < n; i++) {
     uint64_t r = c[i].region, byte = LOG_OFFSET + r / 8;
 
@@ -498,8 +580,24 @@ mirror_log_clear_pass (struct mirror *m)
     hi = MAX (hi, byte / l->block * l->block + l->block);
     cleared++;
   }
-  if (cleared && log_write (m, lo, hi - lo, NULL) == 0)
-    atomic_fetch_add (&l->clears, cleared);
+  if (cleared) {
+    /* Written from a copy, without the lock: writers of these regions
+     * find them clean, and wait for this write to mark them again.
+     */
+    unsigned char *img = malloc (hi - lo);
+    if (img) {
+      memcpy (img, l->buf + lo, hi - lo);
+      pthread_mutex_unlock (&l->lock);
+      if (log_write (m, lo, hi - lo, img) == 0)
+        atomic_fetch_add (&l->clears, cleared);
+      pthread_mutex_lock (&l->lock);
+      free (img);
+    }
+    else
+      for (size_t i = 0; i < n; i++)
+        set_dirty (l, c[i].region);     /* as they are on the device */
+  }
+  end_write (l);
   pthread_mutex_unlock (&l->lock);
 
  out:

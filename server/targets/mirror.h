@@ -46,13 +46,18 @@ struct mirror_log {
    * (with __atomic builtins), read without it by the write path.
    */
   unsigned char *buf;
-  pthread_mutex_t lock;         /* the image and the device's writes */
+  pthread_mutex_t lock;         /* the image, writing, want */
+  pthread_cond_t idle;          /* writing turned false */
+  bool writing;                 /* a write of the log is in flight */
+  uint64_t *want;               /* regions waiting for the next mark */
+  size_t nwant, awant;
   pthread_mutex_t pass_lock;    /* one clear pass at a time */
   /* Per region: writes started (above PENDING_BITS) and clones in flight
    * (below), so a clear pass knows no write came or went since it
    * looked.
    */
   _Atomic uint64_t *wstate;
+  uint64_t *seen;               /* wstate at the last pass (pass_lock) */
   _Atomic unsigned errors;      /* LOG_* bits */
   uint64_t dirty_at_load;       /* regions the log said dirty (after a
                                  * crash: what is resynced) */
