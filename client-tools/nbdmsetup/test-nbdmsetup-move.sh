@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# nbdmsetup move NAME DEST (pvmove): two-target devices moved from local
+# files to a remote server (nbdkit file on a Unix socket, writes slowed
+# by its delay filter so that the copy takes a while).  Bad input is
+# refused and changes nothing; a move with writes during the copy ends
+# on a linear table on DEST holding the targets laid out one after the
+# other; SIGINT mid-copy leaves the mirror (usable), --resume finishes;
+# kill -9 of the server mid-copy, a restart (tables=DIR) and the same
+# command again finish; the tool killed, then --abort, returns to the
+# source table with the writes made meanwhile; a device left suspended
+# in the last step (the tool killed there) is finished or aborted;
+# progress is a line updated in place on a terminal, plain lines
+# otherwise.
+source "$(dirname "$0")/functions-ms.sh"
+requires nbdsh --version
+requires nbdkit file --version
+requires nbdkit --filter=delay null --version
+requires cmp --version
+
+half=$((8 << 20))                  # each target: 8 MiB of its own file
+sectors=$((2 * half / 512))        # the device: 16 MiB
+mkdir "$tmpdir/dst" "$tmpdir/tables"
+for v in vol vint vkill vab vfin vfab; do
+    fill_random "$tmpdir/$v.a" $half 1$RANDOM
+    fill_random "$tmpdir/$v.b" $half 2$RANDOM
+    truncate -s $((2 * half)) "$tmpdir/dst/$v"
+done
+truncate -s 1M "$tmpdir/dst/small"
+# The remote server: each file of dst/ an export; 10 ms per write.
+start_server dst --filter=delay file dir="$tmpdir/dst" wdelay=10ms
+dsock=$tmpdir/dst.sock
+durl () { echo "nbd+unix:///$1?socket=$dsock"; }
+start_server --stderr "$tmpdir/log" ctl mapper tables="$tmpdir/tables"
+
+srctable () { printf '0 %d linear %s 0\n%d %d linear %s 0\n' \
+                     $((sectors / 2)) "$tmpdir/$1.a" $((sectors / 2)) \
+                     $((sectors / 2)) "$tmpdir/$1.b"; }
+for v in vol vint vkill vab vfin vfab; do
+    ms create $v --table "$(srctable $v)"
+done
+# Regions of 32 KiB: 512 of them, 5 s or so of copying at 10 ms each.
+rs=64
+
+# unchanged NAME BEFORE: NAME's table and event number are BEFORE's.
+snap () { ms table "$1"; ev "$1"; ms info "$1" | grep '^State'; }
+unchanged () { [ "$(snap "$1")" = "$2" ] || die "$1 changed: $(snap "$1")"; }
+
+# partial NAME: until NAME's mirror is part way (some regions in sync,
+# not all); fails if the copy ended first.
+progress () { ms status "$1" |
+              awk '$3 == "mirror" { split($7, a, "/"); s += a[1]; t += a[2] }
+                   END { print s + 0, t + 0 }'; }
+partial ()
+{
+    local s t i
+    for (( i = 0; i < 600; i++ )); do
+        read -r s t < <(progress "$1")
+        if [ "$t" -gt 0 ] && [ "$s" -gt 0 ]; then
+            [ "$s" -lt "$t" ] || die "$1: the copy ended before the test could stop it"
+            return 0
+        fi
+        sleep 0.05
+    done
+    die "$1: no copy under way: $(ms status "$1")"
+}
+# moved NAME: NAME is one linear line on its DEST, which holds the
+# device: the first target then the second (every write went to both
+# legs, so the sources hold the client's writes too).
+moved ()
+{
+    [ "$(ms table "$1")" = "0 $sectors linear $(durl "$1") 0" ] ||
+        die "$1: table after the move: $(ms table "$1")"
+    cmp -n $half "$tmpdir/$1.a" "$tmpdir/dst/$1" || die "$1: first target"
+    cmp -n $half -i 0:$half "$tmpdir/$1.b" "$tmpdir/dst/$1" ||
+        die "$1: second target"
+}
+# write_mark NAME BYTE: writes (and flushes) 64 KiB of BYTE in each
+# target of NAME; marked NAME BYTE checks them.
+write_mark () { nbdsh -u "nbd+unix:///$1?socket=$sock" -c "
+h.pwrite(bytes([$2]) * 65536, 1 << 20)
+h.pwrite(bytes([$2]) * 65536, $half + (3 << 20) + 512)
+h.flush()"; }
+marked () { nbdsh -u "nbd+unix:///$1?socket=$sock" -c "
+assert h.pread(65536, 1 << 20) == bytes([$2]) * 65536
+assert h.pread(65536, $half + (3 << 20) + 512) == bytes([$2]) * 65536" ||
+    die "$1: the writes of $2 are not there"; }
+mirror_live () { ms table "$1" | grep -q " mirror core 2 $rs sync 2 " ||
+                     die "$1: not on the move's mirror: $(ms table "$1")"; }
+
+# --- bad input: refused, nothing changed -----------------------------------
+before=$(snap vol)
+fails "move nosuch: info: no such device" ms move nosuch "$(durl vol)"
+fails "DEST missing" ms move vol
+fails "give one of them" ms move --resume --abort vol
+fails "NAME only" ms move --abort vol "$(durl vol)"
+fails "not being moved" ms move --abort vol
+fails "not being moved" ms move --resume vol
+fails "region-size: '3' is not a power of two" ms move --region-size 3 vol "$(durl vol)"
+fails "method clone: not available" ms move --method clone vol "$(durl vol)"
+fails "--resume is an option of move" ms info --resume vol
+# DEST too small, DEST unreachable: the server refuses the mirror.
+fails "move vol: replace: .*(leg 1|small).*nothing changed" \
+      ms move vol "$(durl small)"
+unchanged vol "$before"
+fails "move vol: replace: .*leg 1.*nothing changed" \
+      ms move vol "nbd+unix:///x?socket=$tmpdir/nobody.sock"
+unchanged vol "$before"
+# A target with no one area to copy.
+ms create z --table "0 2048 zero"
+fails "move z: line 1 \(0 2048 zero\): a zero target has no one source area" \
+      ms move z "$(durl small)"
+# Suspended, or with a table in the inactive slot (the move's last step
+# uses it).
+ms suspend vol
+fails "suspended: resume it first" ms move vol "$(durl vol)"
+ms resume vol
+ms load vol --table "0 $sectors zero"
+fails "inactive table" ms move vol "$(durl vol)"
+ms clear vol
+unchanged vol "$before"
+echo "bad input: refused, nothing changed"
+
+# --- a move with writes during the copy ------------------------------------
+ms move --region-size $rs vol "$(durl vol)" > "$tmpdir/vol.out" 2>&1 & mv=$!
+partial vol
+write_mark vol 171
+wait $mv || { cat "$tmpdir/vol.out"; die "move vol failed"; }
+cat "$tmpdir/vol.out"
+grep -q "^move vol: done: vol is on $(durl vol)" "$tmpdir/vol.out" ||
+    die "move vol: no 'done' line"
+# Not a terminal: plain lines, no carriage return.
+[ "$(grep -c 'regions in sync' "$tmpdir/vol.out")" -ge 2 ] ||
+    die "move vol: fewer than 2 progress lines"
+! grep -q $'\r' "$tmpdir/vol.out" || die "move vol: \\r in a non-tty output"
+moved vol
+marked vol 171
+# Again: nothing to do.
+ms move vol "$(durl vol)" | grep -q "already" || die "move vol again"
+echo "move vol: ok"
+
+# --- SIGINT mid-copy, then --resume ----------------------------------------
+# A background job of a script starts with SIGINT ignored (which
+# nbdmsetup respects, as any program): this one gets the default back,
+# as a command in a terminal has it, for Ctrl-C.
+with_sigint () { exec python3 -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execvp(sys.argv[1], sys.argv[1:])' "$@"; }
+with_sigint "$NBDMSETUP" move --region-size $rs vint "$(durl vint)" > "$tmpdir/vint.out" 2>&1 & mv=$!
+partial vint
+kill -INT $mv
+rc=0; wait $mv || rc=$?
+cat "$tmpdir/vint.out"
+[ $rc -eq 1 ] || die "move vint after SIGINT: exit $rc, not 1"
+grep -q "interrupted.*move --resume vint.*move --abort vint" "$tmpdir/vint.out" ||
+    die "move vint: no note of --resume and --abort"
+mirror_live vint
+[ "$(ms info vint | sed -n 's/^State: *//p')" = ACTIVE ] || die "vint suspended"
+write_mark vint 172                    # usable throughout
+marked vint 172
+ms move --resume vint > "$tmpdir/vint.out" 2>&1 ||
+    { cat "$tmpdir/vint.out"; die "move --resume vint"; }
+moved vint
+marked vint 172
+echo "move vint (SIGINT, --resume): ok"
+
+# --- kill -9 of the server mid-copy, restart, the same command -------------
+ms move --region-size $rs vkill "$(durl vkill)" > "$tmpdir/vkill.out" 2>&1 & mv=$!
+partial vkill
+write_mark vkill 173
+stop_server ctl KILL
+rc=0; wait $mv || rc=$?
+cat "$tmpdir/vkill.out"
+[ $rc -eq 1 ] || die "move vkill with its server killed: exit $rc, not 1"
+grep -q "move --resume vkill" "$tmpdir/vkill.out" ||
+    die "move vkill: no note of --resume"
+start_server --stderr "$tmpdir/log2" ctl mapper tables="$tmpdir/tables"
+mirror_live vkill
+marked vkill 173
+ms move --region-size $rs vkill "$(durl vkill)" > "$tmpdir/vkill.out" 2>&1 ||
+    { cat "$tmpdir/vkill.out"; die "move vkill again"; }
+moved vkill
+marked vkill 173
+echo "move vkill (server kill -9, restart, again): ok"
+
+# --- the tool killed mid-copy, then --abort --------------------------------
+ms move --region-size $rs vab "$(durl vab)" > "$tmpdir/vab.out" 2>&1 & mv=$!
+partial vab
+kill -KILL $mv; wait $mv || :
+mirror_live vab
+write_mark vab 174
+ms move --abort vab | grep -q "aborted" || die "move --abort vab"
+[ "$(ms table vab)" = "$(srctable vab)" ] ||
+    die "vab after --abort: $(ms table vab)"
+marked vab 174
+cmp -n 65536 -i $((1 << 20)):0 "$tmpdir/vab.a" <(head -c 65536 /dev/zero | tr '\0' '\256') ||
+    die "vab: the source misses the write made during the move"
+echo "move --abort vab: ok"
+
+# --- killed in the last step: suspended, the linear table loaded ----------
+for v in vfin vfab; do
+    ms move --region-size $rs $v "$(durl $v)" > "$tmpdir/$v.out" 2>&1 & mv=$!
+    partial $v
+    kill -KILL $mv; wait $mv || :
+    ms load $v --table "0 $sectors linear $(durl $v) 0"
+    ms suspend $v
+done
+# The copy is not over: the check fails, the mirror goes on, then ends.
+ms move --resume vfin > "$tmpdir/vfin.out" 2>&1 ||
+    { cat "$tmpdir/vfin.out"; die "move --resume vfin (suspended)"; }
+moved vfin
+[ "$(ms info vfin | sed -n 's/^State: *//p')" = ACTIVE ] || die "vfin suspended"
+ms move --abort vfab | grep -q aborted || die "move --abort vfab (suspended)"
+[ "$(ms table vfab)" = "$(srctable vfab)" ] || die "vfab: $(ms table vfab)"
+[ "$(ms info vfab | sed -n 's/^State: *//p')" = ACTIVE ] || die "vfab suspended"
+[ -z "$(ms table --inactive vfab)" ] || die "vfab: an inactive table left"
+echo "killed in the last step: ok"
+
+# --- a terminal: the progress line is updated in place ---------------------
+if script --version >/dev/null 2>&1; then
+    ms move --abort vfab >/dev/null 2>&1 || :
+    NBDMSETUP=$NBDMSETUP script -qec \
+        "\"\$NBDMSETUP\" move --region-size $rs vfab '$(durl vfab)'" \
+        /dev/null > "$tmpdir/tty.out" < /dev/null ||
+        { cat "$tmpdir/tty.out"; die "move vfab on a terminal"; }
+    grep -q $'\rmove vfab: [0-9]*/[0-9]* regions in sync' "$tmpdir/tty.out" ||
+        { od -c "$tmpdir/tty.out" | head; die "no progress line with \\r"; }
+    moved vfab
+    echo "terminal progress: ok"
+fi
+echo "$0: ok"
