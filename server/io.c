@@ -289,7 +289,7 @@ io_sync (enum io_op op, struct backend *be, uint64_t offset, uint64_t len,
   struct io_req req;
   int r;
 
-  io_req_init (&req, op, flags & MAPPER_FUA);
+  io_req_init (&req, op, flags & (MAPPER_FUA | MAPPER_MAY_TRIM));
   r = io_emit (&req, be, offset, len, buf);
   if (r == 0) {
     if (mapper_trace_io && mapper_debug)

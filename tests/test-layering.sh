@@ -20,7 +20,7 @@ requires "$cc" --version
 srv=$top_srcdir/server
 
 # Public headers: what layers above may include.
-for h in util.h vector.h engine.h target.h backend.h pdata/thin-metadata.h; do
+for h in util.h vector.h engine.h target.h backend.h pdata/thin-metadata.h pdata/clone-metadata.h; do
     printf '#include "%s"\nint main (void) { return 0; }\n' "$h" \
         > "$tmpdir/alone.c"
     "$cc" -fsyntax-only -Wall -Wextra -Wshadow -Wvla -Werror \
@@ -45,7 +45,7 @@ leaf ()
     done
     [ -z "$bad" ] || die "server/$dir/ may include only ${*:+$* and }its own headers"
 }
-leaf targets target.h util.h pdata/thin-metadata.h
+leaf targets target.h util.h pdata/thin-metadata.h pdata/clone-metadata.h
 leaf backends backend.h util.h
 leaf pdata
 

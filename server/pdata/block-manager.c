@@ -22,12 +22,16 @@ static const uint32_t type_xor[PD_NR_TYPES] = {
   [PD_BTREE_NODE] = PD_BTREE_CSUM_XOR,
   [PD_BITMAP] = PD_BITMAP_CSUM_XOR,
   [PD_INDEX] = PD_INDEX_CSUM_XOR,
+  [PD_CLONE_SUPERBLOCK] = PD_CLONE_SUPERBLOCK_CSUM_XOR,
+  [PD_ARRAY_BLOCK] = PD_ARRAY_CSUM_XOR,
 };
 static const char *const type_name[PD_NR_TYPES] = {
   [PD_SUPERBLOCK] = "superblock",
   [PD_BTREE_NODE] = "btree node",
   [PD_BITMAP] = "space map bitmap",
   [PD_INDEX] = "space map index",
+  [PD_CLONE_SUPERBLOCK] = "superblock",
+  [PD_ARRAY_BLOCK] = "array block",
 };
 
 int
@@ -54,10 +58,11 @@ pd_validate (struct pd_bm *bm, uint64_t nr, const uint8_t *data,
                      "(0x%08x on disk, 0x%08x computed)",
                      (unsigned long long) nr, type_name[type],
                      pd_le32 (data), csum);
-  if (pd_le64 (data + 8) != nr)
+  if (pd_le64 (data + pd_blocknr_offset (type)) != nr)
     return pd_error (bm, EIO, "metadata block %llu (%s): block number field "
                      "says %llu", (unsigned long long) nr, type_name[type],
-                     (unsigned long long) pd_le64 (data + 8));
+                     (unsigned long long)
+                     pd_le64 (data + pd_blocknr_offset (type)));
   if (type == PD_BTREE_NODE) {
     uint32_t flags = pd_le32 (data + 4), n = pd_le32 (data + 16);
     uint32_t max = pd_le32 (data + 20), vs = pd_le32 (data + 24);
@@ -165,7 +170,7 @@ write_block (struct pd_bm *bm, struct pd_block *b)
   if (bm->read_only)
     return pd_error (bm, EROFS, "metadata block %llu: write to read-only "
                      "metadata", (unsigned long long) b->nr);
-  pd_put64 (b->data + 8, b->nr);
+  pd_put64 (b->data + pd_blocknr_offset (b->type), b->nr);
   pd_put32 (b->data, pd_checksum (b->data + 4, PD_BLOCK_SIZE - 4,
                                   type_xor[b->type]));
   r = bm->dev->ops->write (bm->dev->opaque, b->nr * PD_BLOCK_SIZE,

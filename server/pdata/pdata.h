@@ -41,10 +41,24 @@
 #define PD_BTREE_CSUM_XOR 121107u
 #define PD_BITMAP_CSUM_XOR 240779u
 #define PD_INDEX_CSUM_XOR 160478u
+/* dm-clone-metadata.c, dm-array.c */
+#define PD_CLONE_SUPERBLOCK_CSUM_XOR 257649492u
+#define PD_ARRAY_CSUM_XOR 595846735u
 
 enum pd_block_type {
-  PD_SUPERBLOCK, PD_BTREE_NODE, PD_BITMAP, PD_INDEX, PD_NR_TYPES
+  PD_SUPERBLOCK, PD_BTREE_NODE, PD_BITMAP, PD_INDEX,
+  PD_CLONE_SUPERBLOCK, PD_ARRAY_BLOCK,  /* dm-clone's (clone-metadata.c) */
+  PD_NR_TYPES
 };
+
+/* Where a block keeps its own number: at byte 8 for every kind but
+ * dm-array's blocks, whose header puts it after their three counts.
+ */
+static inline unsigned
+pd_blocknr_offset (enum pd_block_type type)
+{
+  return type == PD_ARRAY_BLOCK ? 16 : 8;
+}
 
 /* crc32c.c: Linux's crc32c (~0 seed, no final inversion) ^ xor. */
 uint32_t pd_checksum (const void *data, size_t len, uint32_t xor);

@@ -340,7 +340,7 @@ pd_tm_shadow (struct pd_tm *tm, uint64_t b, enum pd_block_type type,
     return r;
   }
   memcpy (copy->data, orig->data, PD_BLOCK_SIZE);
-  pd_put64 (copy->data + 8, copy->nr);
+  pd_put64 (copy->data + pd_blocknr_offset (type), copy->nr);
   pd_tm_put (tm, orig);
   *inc = c > 1;
   r = pd_tm_dec (tm, b);
