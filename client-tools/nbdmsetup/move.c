@@ -61,8 +61,10 @@ struct seg {
   uint64_t start, len;
   char *src;                    /* linear's device, mirror's leg 0 */
   uint64_t src_off;
-  char *dst;                    /* mirror's leg 1 (at start); NULL: linear */
+  char *dst;                    /* mirror's leg 1 (at start), clone's
+                                   destination; NULL: linear */
   char *log;                    /* mirror's log words, "core 2 1024 sync" */
+  char *meta;                   /* clone's metadata device; NULL: mirror */
 };
 
 struct move {
@@ -71,7 +73,10 @@ struct move {
   struct seg *segs;
   size_t n;
   bool mirror;                  /* the live table is a move's mirror */
-  const char *dst;              /* the mirror's leg 1 (in segs) */
+  bool clone;                   /* ... or a clone (one line) */
+  const char *dst;              /* the mirror's leg 1, the clone's
+                                   destination (in segs) */
+  char *moved_to;               /* the move ended: DEST (malloc'd) */
   uint64_t size;                /* sectors */
   bool suspended, inactive, read_only;
   uint64_t event_nr;
@@ -200,6 +205,19 @@ parse_seg (const char *line, struct seg *s)
       s->src = xstrdup (w[3]);
     goto out;
   }
+  if (strcmp (w[2], "clone") == 0) {
+    /* clone META DEST SRC REGION [...]: dm-clone's devices are whole
+     * devices, from sector 0.
+     */
+    if (n < 7)
+      why = xasprintf ("malformed clone line '%s'", line);
+    else {
+      s->meta = xstrdup (w[3]);
+      s->dst = xstrdup (w[4]);
+      s->src = xstrdup (w[5]);
+    }
+    goto out;
+  }
   if (strcmp (w[2], "mirror") != 0) {
     why = xasprintf ("a %s target has no one source area to copy: move "
                      "moves linear targets (and resumes its own mirrors)",
@@ -242,6 +260,7 @@ free_segs (struct move *m)
     free (m->segs[i].src);
     free (m->segs[i].dst);
     free (m->segs[i].log);
+    free (m->segs[i].meta);
   }
   free (m->segs);
   m->segs = NULL;
@@ -298,8 +317,12 @@ read_state (struct move *m)
            "move's mirrors, or mirrors to different devices: not a table "
            "move makes", m->name, i + 1, rows[i].f[1]);
   }
-  m->mirror = m->n && m->segs[0].dst;
-  m->dst = m->mirror ? m->segs[0].dst : NULL;
+  m->clone = m->n && m->segs[0].meta;
+  m->mirror = m->n && m->segs[0].dst && !m->clone;
+  m->dst = m->n ? m->segs[0].dst : NULL;
+  if (m->clone && (m->n != 1 || m->segs[0].start != 0))
+    die ("move %s: a clone line in a table of %zu lines: not a table move "
+         "makes", m->name, m->n);
   free (rows);
   free (p);
 }
@@ -366,6 +389,27 @@ region_sectors (void)
     die ("move --region-size: '%s' is not a power of two of at least 2 "
          "sectors", opts.region_size);
   return r;
+}
+
+/* The clone method's table: one linear line at sector 0 of its device
+ * becomes a clone of that device.
+ */
+static char *
+clone_table (const struct move *m, const char *dst)
+{
+  const struct seg *s = &m->segs[0];
+
+  if (m->n != 1 || s->src_off != 0)
+    die ("move --method clone %s: dm-clone copies whole devices from their "
+         "sector 0: the table must be one linear target at offset 0, not "
+         "%zu line%s%s (use --method mirror)", m->name, m->n,
+         m->n == 1 ? "" : "s", m->n == 1 ? " at an offset" : "");
+  if (opts.metadata == NULL)
+    die ("move --method clone %s: --metadata FILE is missing (the regions "
+         "hydrated are kept there: zeros, or a clone's own of this move)",
+         m->name);
+  return xasprintf ("0 %" PRIu64 " clone %s %s %s %" PRIu64 "\n", s->len,
+                    opts.metadata, dst, s->src, region_sectors ());
 }
 
 /* The tables of a move: the mirror (from the source lines, to dst), the
@@ -466,6 +510,30 @@ read_progress (struct move *m, struct progress *pr)
     uint64_t legs, a, b;
     char *slash;
 
+    /* START LEN clone 8 USED/TOTAL REGION HYDRATED/REGIONS ..., or
+     * Fail.
+     */
+    if (m->clone) {
+      if (nw >= 4 && strcmp (w[2], "clone") == 0 &&
+          strcmp (w[3], "Fail") == 0) {
+        snprintf (pr->bad, sizeof pr->bad, "the clone failed (status Fail: "
+                  "a metadata or destination error, see the server's log)");
+        pr->regions = 1;
+      }
+      else if (nw < 7 || strcmp (w[2], "clone") != 0 ||
+               (slash = strchr (w[6], '/')) == NULL ||
+               (*slash = '\0', !parse_u64 (w[6], &a)) ||
+               !parse_u64 (slash + 1, &b))
+        die ("move %s: status line %zu is not a clone's: '%s' (the table "
+             "changed under the move?)", m->name, i + 1,
+             rows[i].n >= 2 ? rows[i].f[1] : "");
+      else {
+        pr->in_sync += a;
+        pr->regions += b;
+      }
+      free_words (w, nw);
+      continue;
+    }
     /* START LEN mirror 2 DEV0 DEV1 IN_SYNC/REGIONS 1 HEALTH ... */
     if (nw < 9 || strcmp (w[2], "mirror") != 0 || !parse_u64 (w[3], &legs) ||
         legs != 2 || (slash = strchr (w[6], '/')) == NULL)
@@ -507,8 +575,9 @@ show_progress (struct move *m, const struct progress *pr, bool last)
   if (!tty && pr->in_sync == shown)
     return;
   shown = pr->in_sync;
-  printf ("%smove %s: %" PRIu64 "/%" PRIu64 " regions in sync (%.1f%%)%s",
-          tty ? "\r" : "", m->name, pr->in_sync, pr->regions, pct,
+  printf ("%smove %s: %" PRIu64 "/%" PRIu64 " regions %s (%.1f%%)%s",
+          tty ? "\r" : "", m->name, pr->in_sync, pr->regions,
+          m->clone ? "hydrated" : "in sync", pct,
           tty && !last ? "" : "\n");
   fflush (stdout);
 }
@@ -526,11 +595,17 @@ resume_note (struct move *m)
 {
   static char note[512];
 
-  snprintf (note, sizeof note, "%s stays on the mirror to %s, which the "
-            "server goes on copying (after a restart, from the start): "
-            "'nbdmsetup move --resume %s' finishes the move, 'nbdmsetup move "
-            "--abort %s' returns to the source",
-            m->name, m->dst, m->name, m->name);
+  if (m->clone)
+    snprintf (note, sizeof note, "%s stays on the clone to %s, which the "
+              "server goes on hydrating (after a restart too): 'nbdmsetup "
+              "move --resume %s' finishes the move", m->name, m->dst,
+              m->name);
+  else
+    snprintf (note, sizeof note, "%s stays on the mirror to %s, which the "
+              "server goes on copying (after a restart, from the start): "
+              "'nbdmsetup move --resume %s' finishes the move, 'nbdmsetup "
+              "move --abort %s' returns to the source",
+              m->name, m->dst, m->name, m->name);
   return note;
 }
 
@@ -540,9 +615,10 @@ finish (struct move *m)
 {
   char *final = final_table (m);
   struct progress pr;
-  char left[256];
+  char left[256], *dst;
 
-  snprintf (left, sizeof left, "%s is on the mirror still", m->name);
+  snprintf (left, sizeof left, "%s is on the %s still", m->name,
+            m->clone ? "clone" : "mirror");
   free (step (m, PROTO_CMD_LOAD, final, left));
   free (final);
   if (!m->suspended) {
@@ -561,10 +637,25 @@ finish (struct move *m)
               "%s loaded: 'nbdmsetup move --resume %s' retries", m->name,
               m->dst, m->name);
     free (step (m, PROTO_CMD_RESUME, NULL, left));
-    return true;
+    /* What went live: another move of the same device (one left
+     * running, say) may have cleared the slot in between, and the
+     * resume then released the mirror.
+     */
+    dst = xstrdup (m->dst);
+    read_state (m);
+    if (!m->mirror && !m->clone) {
+      if (!on_dest (m, dst))
+        die ("move %s: the live table is neither the move's nor the linear "
+             "table on %s (changed by someone else?)", m->name, dst);
+      m->moved_to = dst;
+      return true;
+    }
+    free (dst);
+    return false;
   }
-  snprintf (left, sizeof left, "%s is suspended on the mirror: 'nbdmsetup "
-            "move --resume %s' retries", m->name, m->name);
+  snprintf (left, sizeof left, "%s is suspended on the %s: 'nbdmsetup "
+            "move --resume %s' retries", m->name,
+            m->clone ? "clone" : "mirror", m->name);
   free (step (m, PROTO_CMD_CLEAR, NULL, left));
   free (step (m, PROTO_CMD_RESUME, NULL, left));
   m->suspended = false;
@@ -593,7 +684,7 @@ wait_and_finish (struct move *m)
     }
     die_note = NULL;
     read_state (m);
-    if (!m->mirror)
+    if (!m->mirror && !m->clone)
       die ("move %s: the live table is no longer the move's mirror (changed "
            "by someone else?)", m->name);
     die_note = resume_note (m);
@@ -627,14 +718,17 @@ wait_and_finish (struct move *m)
   }
   die_note = NULL;
   printf ("move %s: done: %s is on %s (0 %" PRIu64 " linear %s 0)\n",
-          m->name, m->name, m->dst, m->size, m->dst);
+          m->name, m->name, m->moved_to, m->size, m->moved_to);
+  free (m->moved_to);
+  m->moved_to = NULL;
 }
 
 static void
 start (struct move *m, const char *dest)
 {
+  bool clone = opts.method && strcmp (opts.method, "clone") == 0;
   char *dst = dest_for_server (dest);
-  char *t = mirror_table (m, dst);
+  char *t = clone ? clone_table (m, dst) : mirror_table (m, dst);
   char *left = xasprintf ("nothing changed: %s is on its table still",
                           m->name);
   uint64_t regions = 0, region = region_sectors ();
@@ -650,12 +744,13 @@ start (struct move *m, const char *dest)
     die ("move %s: interrupted (%s)", m->name, left);
   for (size_t i = 0; i < m->n; i++) {
     uint64_t r = region;
-    while (r > m->segs[i].len)
+    while (!clone && r > m->segs[i].len)    /* the mirror's cap */
       r >>= 1;
     regions += (m->segs[i].len + r - 1) / r;
   }
-  printf ("move %s: mirroring %zu target%s (%" PRIu64 " regions) to %s\n",
-          m->name, m->n, m->n == 1 ? "" : "s", regions, dst);
+  printf ("move %s: %s %zu target%s (%" PRIu64 " regions) to %s\n",
+          m->name, clone ? "cloning" : "mirroring", m->n,
+          m->n == 1 ? "" : "s", regions, dst);
   fflush (stdout);
   free (step (m, PROTO_CMD_REPLACE, t, left));
   free (left);
@@ -669,6 +764,11 @@ do_abort (struct move *m)
   struct progress pr;
   char *t, left[256];
 
+  if (m->clone)
+    die ("move --abort %s: a clone move writes to DEST only: %s misses every "
+         "write since the move began, so going back would lose them; finish "
+         "it ('nbdmsetup move --resume %s'), or use --method mirror, which "
+         "can go back, next time", m->name, m->segs[0].src, m->name);
   if (!m->mirror)
     die ("move --abort %s: the device is not being moved (its live table is "
          "not a move's mirror)", m->name);
@@ -705,15 +805,14 @@ run_move (struct conn *c, const struct verb *v, int argc, char **argv)
   if (abort_ && (opts.given & (O_LOG | O_REGION_SIZE | O_METHOD | O_METADATA)))
     die ("move --abort: --log, --region-size, --method and --metadata are "
          "for starting a move");
-  if (opts.method && strcmp (opts.method, "mirror") != 0) {
-    if (strcmp (opts.method, "clone") == 0)
-      die ("move --method clone: not available in this nbdmsetup (the clone "
-           "target is not part of it yet): use --method mirror");
-    die ("move --method: '%s' is not mirror (or clone)", opts.method);
-  }
-  if (opts.metadata)
-    die ("move --metadata: the clone method's, which is not available: the "
-         "mirror's log is --log");
+  if (opts.method && strcmp (opts.method, "mirror") != 0 &&
+      strcmp (opts.method, "clone") != 0)
+    die ("move --method: '%s' is neither mirror nor clone", opts.method);
+  if (opts.metadata && !(opts.method && strcmp (opts.method, "clone") == 0))
+    die ("move --metadata: for --method clone (the mirror's log is --log)");
+  if (opts.log && opts.method && strcmp (opts.method, "clone") == 0)
+    die ("move --log: for --method mirror (the clone's metadata is "
+         "--metadata)");
   (void) region_sectors ();     /* a bad one before anything */
 
   sigemptyset (&held);
@@ -725,7 +824,7 @@ run_move (struct conn *c, const struct verb *v, int argc, char **argv)
   read_state (&m);
   if (abort_)
     do_abort (&m);
-  else if (!m.mirror) {
+  else if (!m.mirror && !m.clone) {
     if (dest == NULL)
       die ("move --resume %s: the device is not being moved (its live table "
            "is not a move's mirror)", m.name);
@@ -739,9 +838,17 @@ run_move (struct conn *c, const struct verb *v, int argc, char **argv)
   else {
     if (dest && !same_dev (dest, m.dst))
       die ("move %s: the device is being moved to %s, not %s: 'nbdmsetup "
-           "move --resume %s' goes on with that move, --abort ends it",
-           m.name, m.dst, dest, m.name);
-    if (opts.given & (O_LOG | O_REGION_SIZE))
+           "move --resume %s' goes on with that move%s", m.name, m.dst, dest,
+           m.name, m.clone ? "" : ", --abort ends it");
+    if (opts.method && strcmp (opts.method, m.clone ? "clone" : "mirror"))
+      die ("move %s: the move under way is a %s, not a %s: 'nbdmsetup move "
+           "--resume %s' goes on with it", m.name,
+           m.clone ? "clone" : "mirror", opts.method, m.name);
+    if (m.clone && opts.metadata && !same_dev (opts.metadata, m.segs[0].meta))
+      die ("move %s: the clone under way keeps its metadata on %s, not %s: "
+           "'nbdmsetup move --resume %s' goes on with it", m.name,
+           m.segs[0].meta, opts.metadata, m.name);
+    if (m.mirror && (opts.given & (O_LOG | O_REGION_SIZE)))
       for (size_t i = 0; i < m.n; i++) {
         char *want = log_words (m.segs[i].len, region_sectors ());
         if (strcmp (want, m.segs[i].log) != 0)
@@ -750,7 +857,7 @@ run_move (struct conn *c, const struct verb *v, int argc, char **argv)
                m.name, m.segs[i].log, i + 1, want, m.name);
         free (want);
       }
-    if (!m.suspended) {
+    if (m.mirror && !m.suspended) {
       struct progress pr;
       read_progress (&m, &pr);
       if (pr.bad[0] && !(strncmp (pr.bad, "the source", 10) == 0)) {

@@ -11,7 +11,10 @@
 # source table with the writes made meanwhile; a device left suspended
 # in the last step (the tool killed there) is finished or aborted;
 # progress is a line updated in place on a terminal, plain lines
-# otherwise.
+# otherwise.  --method clone (dm-clone: reads of unhydrated regions from
+# the source, writes to DEST only): interrupted, --abort refused (the
+# source misses the writes), kill -9 of the server, --resume; DEST is the
+# source plus the writes, and the source was never written.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires nbdkit file --version
@@ -21,7 +24,7 @@ requires cmp --version
 half=$((8 << 20))                  # each target: 8 MiB of its own file
 sectors=$((2 * half / 512))        # the device: 16 MiB
 mkdir "$tmpdir/dst" "$tmpdir/tables"
-for v in vol vint vkill vab vfin vfab; do
+for v in vol vint vkill vab vfin vfab vcl; do
     fill_random "$tmpdir/$v.a" $half 1$RANDOM
     fill_random "$tmpdir/$v.b" $half 2$RANDOM
     truncate -s $((2 * half)) "$tmpdir/dst/$v"
@@ -49,7 +52,8 @@ unchanged () { [ "$(snap "$1")" = "$2" ] || die "$1 changed: $(snap "$1")"; }
 # partial NAME: until NAME's mirror is part way (some regions in sync,
 # not all); fails if the copy ended first.
 progress () { ms status "$1" |
-              awk '$3 == "mirror" { split($7, a, "/"); s += a[1]; t += a[2] }
+              awk '$3 == "mirror" || $3 == "clone" {
+                       split($7, a, "/"); s += a[1]; t += a[2] }
                    END { print s + 0, t + 0 }'; }
 partial ()
 {
@@ -97,7 +101,11 @@ fails "NAME only" ms move --abort vol "$(durl vol)"
 fails "not being moved" ms move --abort vol
 fails "not being moved" ms move --resume vol
 fails "region-size: '3' is not a power of two" ms move --region-size 3 vol "$(durl vol)"
-fails "method clone: not available" ms move --method clone vol "$(durl vol)"
+fails "method: 'copy' is neither mirror nor clone" ms move --method copy vol "$(durl vol)"
+fails "metadata: for --method clone" ms move --metadata "$tmpdir/vcl.md" vol "$(durl vol)"
+fails "log: for --method mirror" ms move --method clone --log core vol "$(durl vol)"
+fails "clone vol: dm-clone copies whole devices .* not 2 lines" \
+      ms move --method clone --metadata "$tmpdir/vcl.md" vol "$(durl vol)"
 fails "--resume is an option of move" ms info --resume vol
 # DEST too small, DEST unreachable: the server refuses the mirror.
 fails "move vol: replace: .*(leg 1|small).*nothing changed" \
@@ -122,7 +130,9 @@ unchanged vol "$before"
 echo "bad input: refused, nothing changed"
 
 # --- a move with writes during the copy ------------------------------------
-ms move --region-size $rs vol "$(durl vol)" > "$tmpdir/vol.out" 2>&1 & mv=$!
+# In the background, nbdmsetup itself (not a subshell running the ms
+# function): $! is the process the test signals.
+"$NBDMSETUP" move --region-size $rs vol "$(durl vol)" > "$tmpdir/vol.out" 2>&1 & mv=$!
 partial vol
 write_mark vol 171
 wait $mv || { cat "$tmpdir/vol.out"; die "move vol failed"; }
@@ -165,7 +175,7 @@ marked vint 172
 echo "move vint (SIGINT, --resume): ok"
 
 # --- kill -9 of the server mid-copy, restart, the same command -------------
-ms move --region-size $rs vkill "$(durl vkill)" > "$tmpdir/vkill.out" 2>&1 & mv=$!
+"$NBDMSETUP" move --region-size $rs vkill "$(durl vkill)" > "$tmpdir/vkill.out" 2>&1 & mv=$!
 partial vkill
 write_mark vkill 173
 stop_server ctl KILL
@@ -184,9 +194,9 @@ marked vkill 173
 echo "move vkill (server kill -9, restart, again): ok"
 
 # --- the tool killed mid-copy, then --abort --------------------------------
-ms move --region-size $rs vab "$(durl vab)" > "$tmpdir/vab.out" 2>&1 & mv=$!
+"$NBDMSETUP" move --region-size $rs vab "$(durl vab)" > "$tmpdir/vab.out" 2>&1 & mv=$!
 partial vab
-kill -KILL $mv; wait $mv || :
+kill -KILL $mv; wait $mv 2>/dev/null || :
 mirror_live vab
 write_mark vab 174
 ms move --abort vab | grep -q "aborted" || die "move --abort vab"
@@ -199,9 +209,9 @@ echo "move --abort vab: ok"
 
 # --- killed in the last step: suspended, the linear table loaded ----------
 for v in vfin vfab; do
-    ms move --region-size $rs $v "$(durl $v)" > "$tmpdir/$v.out" 2>&1 & mv=$!
+    "$NBDMSETUP" move --region-size $rs $v "$(durl $v)" > "$tmpdir/$v.out" 2>&1 & mv=$!
     partial $v
-    kill -KILL $mv; wait $mv || :
+    kill -KILL $mv; wait $mv 2>/dev/null || :
     ms load $v --table "0 $sectors linear $(durl $v) 0"
     ms suspend $v
 done
@@ -228,4 +238,46 @@ if script --version >/dev/null 2>&1; then
     moved vfab
     echo "terminal progress: ok"
 fi
+# --- --method clone -----------------------------------------------------------
+truncate -s 4M "$tmpdir/vcl.md"
+cp "$tmpdir/vcl.a" "$tmpdir/vcl.orig"
+ms create vcl --table "0 $((half / 512)) linear $tmpdir/vcl.a 0"
+fails "clone vcl: --metadata FILE is missing" ms move --method clone vcl "$(durl vcl)"
+with_sigint "$NBDMSETUP" move --method clone --metadata "$tmpdir/vcl.md" \
+    --region-size $rs vcl "$(durl vcl)" > "$tmpdir/vcl.out" 2>&1 & mv=$!
+partial vcl
+clmark () { nbdsh -u "nbd+unix:///vcl?socket=$sock" -c "
+h.pwrite(bytes([$1]) * 65536, 1 << 20)
+h.pwrite(bytes([$1]) * 4096, (6 << 20) + 512)
+h.flush()"; }
+clmark 175
+kill -INT $mv
+rc=0; wait $mv || rc=$?
+cat "$tmpdir/vcl.out"
+[ $rc -eq 1 ] || die "move vcl after SIGINT: exit $rc, not 1"
+grep -q "interrupted.*stays on the clone.*move --resume vcl" "$tmpdir/vcl.out" ||
+    die "move vcl: no note of --resume"
+before=$(snap vcl)
+fails "abort vcl: a clone move writes to DEST only" ms move --abort vcl
+unchanged vcl "$before"
+fails "the move under way is a clone, not a mirror" \
+      ms move --method mirror vcl "$(durl vcl)"
+stop_server ctl KILL
+start_server --stderr "$tmpdir/log3" ctl mapper tables="$tmpdir/tables"
+ms move --resume vcl > "$tmpdir/vcl.out" 2>&1 ||
+    { cat "$tmpdir/vcl.out"; die "move --resume vcl"; }
+grep -q "regions hydrated" "$tmpdir/vcl.out" || die "vcl: no progress line"
+[ "$(ms table vcl)" = "0 $((half / 512)) linear $(durl vcl) 0" ] ||
+    die "vcl after the move: $(ms table vcl)"
+cmp "$tmpdir/vcl.a" "$tmpdir/vcl.orig" || die "vcl: the clone wrote its source"
+# DEST: the source, with the writes.
+python3 - "$tmpdir/vcl.orig" "$tmpdir/dst/vcl" <<'PYEOF' || die "vcl: DEST"
+import sys
+src = bytearray(open(sys.argv[1], "rb").read())
+src[1 << 20:(1 << 20) + 65536] = bytes([175]) * 65536
+src[(6 << 20) + 512:(6 << 20) + 512 + 4096] = bytes([175]) * 4096
+dst = open(sys.argv[2], "rb").read()[:len(src)]
+assert dst == bytes(src), "DEST is not the source plus the writes"
+PYEOF
+echo "move --method clone vcl: ok"
 echo "$0: ok"
