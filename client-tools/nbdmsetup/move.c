@@ -421,6 +421,10 @@ mirror_table (const struct move *m, const char *dst)
   uint64_t region = region_sectors ();
   char *t = NULL;
 
+  /* dm's disk log is a whole device for one mirror. */
+  if (opts.log && strcmp (opts.log, "core") != 0 && m->n > 1 && !m->mirror)
+    die ("move %s --log %s: a disk log serves one mirror, and the table has "
+         "%zu targets: use --log core", m->name, opts.log, m->n);
   for (size_t i = 0; i < m->n; i++) {
     const struct seg *s = &m->segs[i];
     char *log = s->log ? xstrdup (s->log) : log_words (s->len, region);
@@ -691,8 +695,16 @@ wait_and_finish (struct move *m)
     read_progress (m, &pr);
     show_progress (m, &pr, false);
     if (pr.bad[0]) {
+      bool source = strncmp (pr.bad, "the source", 10) == 0;
       end_progress_line ();
-      die ("move %s: %s: the move cannot finish", m->name, pr.bad);
+      die_note = NULL;
+      die ("move %s: %s: the move cannot finish (%s stays on the mirror%s: "
+           "%s)", m->name, pr.bad, m->name,
+           source ? "" : ", whose copy to DEST has stopped", source
+           ? "see nbdmsetup status; 'nbdmsetup move --abort' refuses a "
+           "source that missed writes" : "once DEST works, 'nbdmsetup move "
+           "--resume' copies it all again; 'nbdmsetup move --abort' returns "
+           "to the source");
     }
     if (pr.in_sync == pr.regions) {
       end_progress_line ();

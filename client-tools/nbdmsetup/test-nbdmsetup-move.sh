@@ -7,7 +7,8 @@
 # on a linear table on DEST holding the targets laid out one after the
 # other; SIGINT mid-copy leaves the mirror (usable), --resume finishes;
 # kill -9 of the server mid-copy, a restart (tables=DIR) and the same
-# command again finish; the tool killed, then --abort, returns to the
+# command again finish; DEST failing writes mid-copy stops the move (the
+# device carries on on the source), --resume copies again; the tool killed, then --abort, returns to the
 # source table with the writes made meanwhile; a device left suspended
 # in the last step (the tool killed there) is finished or aborted;
 # progress is a line updated in place on a terminal, plain lines
@@ -24,7 +25,7 @@ requires cmp --version
 half=$((8 << 20))                  # each target: 8 MiB of its own file
 sectors=$((2 * half / 512))        # the device: 16 MiB
 mkdir "$tmpdir/dst" "$tmpdir/tables"
-for v in vol vint vkill vab vfin vfab vcl; do
+for v in vol vint vkill vab vfin vfab vfail vcl; do
     fill_random "$tmpdir/$v.a" $half 1$RANDOM
     fill_random "$tmpdir/$v.b" $half 2$RANDOM
     truncate -s $((2 * half)) "$tmpdir/dst/$v"
@@ -32,6 +33,11 @@ done
 truncate -s 1M "$tmpdir/dst/small"
 # The remote server: each file of dst/ an export; 10 ms per write.
 start_server dst --filter=delay file dir="$tmpdir/dst" wdelay=10ms
+# And one whose writes fail with EIO while $tmpdir/fail exists.
+start_server dfail --filter=error --filter=delay file "$tmpdir/dst/vfail" \
+             wdelay=10ms error-pwrite=EIO error-pwrite-rate=1 \
+             error-pwrite-file="$tmpdir/fail"
+furl="nbd+unix:///?socket=$tmpdir/dfail.sock"
 dsock=$tmpdir/dst.sock
 durl () { echo "nbd+unix:///$1?socket=$dsock"; }
 start_server --stderr "$tmpdir/log" ctl mapper tables="$tmpdir/tables"
@@ -39,7 +45,7 @@ start_server --stderr "$tmpdir/log" ctl mapper tables="$tmpdir/tables"
 srctable () { printf '0 %d linear %s 0\n%d %d linear %s 0\n' \
                      $((sectors / 2)) "$tmpdir/$1.a" $((sectors / 2)) \
                      $((sectors / 2)) "$tmpdir/$1.b"; }
-for v in vol vint vkill vab vfin vfab; do
+for v in vol vint vkill vab vfin vfab vfail; do
     ms create $v --table "$(srctable $v)"
 done
 # Regions of 32 KiB: 512 of them, 5 s or so of copying at 10 ms each.
@@ -73,7 +79,7 @@ partial ()
 # legs, so the sources hold the client's writes too).
 moved ()
 {
-    [ "$(ms table "$1")" = "0 $sectors linear $(durl "$1") 0" ] ||
+    [ "$(ms table "$1")" = "0 $sectors linear ${2:-$(durl "$1")} 0" ] ||
         die "$1: table after the move: $(ms table "$1")"
     cmp -n $half "$tmpdir/$1.a" "$tmpdir/dst/$1" || die "$1: first target"
     cmp -n $half -i 0:$half "$tmpdir/$1.b" "$tmpdir/dst/$1" ||
@@ -192,6 +198,27 @@ ms move --region-size $rs vkill "$(durl vkill)" > "$tmpdir/vkill.out" 2>&1 ||
 moved vkill
 marked vkill 173
 echo "move vkill (server kill -9, restart, again): ok"
+
+# --- DEST fails writes mid-copy: the move stops, --resume copies again -----
+"$NBDMSETUP" move --region-size $rs vfail "$furl" > "$tmpdir/vfail.out" 2>&1 & mv=$!
+partial vfail
+touch "$tmpdir/fail"
+rc=0; wait $mv || rc=$?
+cat "$tmpdir/vfail.out"
+[ $rc -eq 1 ] || die "move vfail with DEST failing: exit $rc, not 1"
+grep -q "move vfail: DEST failed .* (leg 1, '[DS]', line [12]): the move cannot finish (vfail stays on the mirror, whose copy to DEST has stopped: once DEST works, 'nbdmsetup move --resume' copies it all again" \
+     "$tmpdir/vfail.out" || die "move vfail: no message of DEST's failure"
+mirror_live vfail
+write_mark vfail 176                   # on the source alone, without error
+marked vfail 176
+rm "$tmpdir/fail"
+ms move --resume vfail > "$tmpdir/vfail.out" 2>&1 ||
+    { cat "$tmpdir/vfail.out"; die "move --resume vfail"; }
+grep -q "copying again from the start" "$tmpdir/vfail.out" ||
+    { cat "$tmpdir/vfail.out"; die "move --resume vfail: no fresh mirror"; }
+moved vfail "$furl"
+marked vfail 176
+echo "move vfail (DEST failing, --resume): ok"
 
 # --- the tool killed mid-copy, then --abort --------------------------------
 "$NBDMSETUP" move --region-size $rs vab "$(durl vab)" > "$tmpdir/vab.out" 2>&1 & mv=$!
