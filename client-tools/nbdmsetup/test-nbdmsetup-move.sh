@@ -107,6 +107,7 @@ fails "NAME only" ms move --abort vol "$(durl vol)"
 fails "not being moved" ms move --abort vol
 fails "not being moved" ms move --resume vol
 fails "region-size: '3' is not a power of two" ms move --region-size 3 vol "$(durl vol)"
+fails "a disk log serves one mirror, and the table has 2 targets" ms move --log "$tmpdir/log.img" vol "$(durl vol)"
 fails "method: 'copy' is neither mirror nor clone" ms move --method copy vol "$(durl vol)"
 fails "metadata: for --method clone" ms move --metadata "$tmpdir/vcl.md" vol "$(durl vol)"
 fails "log: for --method mirror" ms move --method clone --log core vol "$(durl vol)"
