@@ -25,26 +25,8 @@ cleanup_fn fuse_detach
 cleanup_fn 'umount "$tmpdir/check" 2>/dev/null; [ ! -s "$tmpdir/checkloop" ] || losetup -d "$(cat "$tmpdir/checkloop")" 2>/dev/null || :'
 
 fuse_attach "nbd+unix:///vol?socket=$sock" || die "nbdfuse did not come up"
-mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
-mount -t ext4 "$loop" "$tmpdir/mnt"
-dd if=/dev/urandom of="$tmpdir/mnt/big" bs=1M count=40 status=none
-mkdir "$tmpdir/mnt/d"
-for i in $(seq 50); do
-    head -c $((i * 1337)) /dev/urandom > "$tmpdir/mnt/d/f$i"
-done
-sync
-
-# Writers (fsync'ing now and then), until told to stop.
-cat > "$tmpdir/load.sh" <<'EOS'
-i=0
-while [ ! -e "$1/stop" ]; do
-    head -c $(( (i % 7 + 1) * 40000 )) /dev/urandom > "$1/mnt/load$((i % 30))"
-    [ $((i % 10)) -ne 0 ] || sync "$1/mnt/load$((i % 30))"
-    i=$((i + 1))
-done
-echo "$i" > "$1/writes"
-EOS
-bash "$tmpdir/load.sh" "$tmpdir" & load=$!
+ext4_fill 40
+ext4_writers 30 10              # fsync'ing now and then, until told to stop
 
 # Regions of 128 KiB: 1024 of them, each copied at 2 ms a write or more.
 ms move --region-size 256 vol "$durl" > "$tmpdir/move.out" 2>&1 ||

@@ -95,6 +95,19 @@ marked () { nbdsh -u "nbd+unix:///$1?socket=$sock" -c "
 assert h.pread(65536, 1 << 20) == bytes([$2]) * 65536
 assert h.pread(65536, $half + (3 << 20) + 512) == bytes([$2]) * 65536" ||
     die "$1: the writes of $2 are not there"; }
+# bg_move NAME [ARG...]: nbdmsetup move --region-size $rs NAME ARG... in
+# the background, output in $tmpdir/NAME.out, $mv its pid (nbdmsetup
+# itself, not a subshell running the ms function: the process the test
+# signals).  WRAP=with_sigint: with SIGINT as in a terminal.
+bg_move () { local n=$1; shift
+             ${WRAP:-} "$NBDMSETUP" move --region-size $rs "$n" "$@" \
+                 > "$tmpdir/$n.out" 2>&1 & mv=$!; }
+# stopped NAME WHY PATTERN: the background move exits 1 (shown), with a
+# message matching PATTERN.
+stopped () { local rc=0; wait $mv || rc=$?
+             cat "$tmpdir/$1.out"
+             [ $rc -eq 1 ] || die "move $1 ($2): exit $rc, not 1"
+             grep -q -- "$3" "$tmpdir/$1.out" || die "move $1 ($2): no /$3/"; }
 mirror_live () { ms table "$1" | grep -q " mirror core 2 $rs sync 2 " ||
                      die "$1: not on the move's mirror: $(ms table "$1")"; }
 
@@ -137,9 +150,7 @@ unchanged vol "$before"
 echo "bad input: refused, nothing changed"
 
 # --- a move with writes during the copy ------------------------------------
-# In the background, nbdmsetup itself (not a subshell running the ms
-# function): $! is the process the test signals.
-"$NBDMSETUP" move --region-size $rs vol "$(durl vol)" > "$tmpdir/vol.out" 2>&1 & mv=$!
+bg_move vol "$(durl vol)"
 partial vol
 write_mark vol 171
 wait $mv || { cat "$tmpdir/vol.out"; die "move vol failed"; }
@@ -163,14 +174,10 @@ echo "move vol: ok"
 with_sigint () { exec python3 -c 'import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 os.execvp(sys.argv[1], sys.argv[1:])' "$@"; }
-with_sigint "$NBDMSETUP" move --region-size $rs vint "$(durl vint)" > "$tmpdir/vint.out" 2>&1 & mv=$!
+WRAP=with_sigint bg_move vint "$(durl vint)"
 partial vint
 kill -INT $mv
-rc=0; wait $mv || rc=$?
-cat "$tmpdir/vint.out"
-[ $rc -eq 1 ] || die "move vint after SIGINT: exit $rc, not 1"
-grep -q "interrupted.*move --resume vint.*move --abort vint" "$tmpdir/vint.out" ||
-    die "move vint: no note of --resume and --abort"
+stopped vint SIGINT "interrupted.*move --resume vint.*move --abort vint"
 mirror_live vint
 [ "$(ms info vint | sed -n 's/^State: *//p')" = ACTIVE ] || die "vint suspended"
 write_mark vint 172                    # usable throughout
@@ -182,15 +189,11 @@ marked vint 172
 echo "move vint (SIGINT, --resume): ok"
 
 # --- kill -9 of the server mid-copy, restart, the same command -------------
-"$NBDMSETUP" move --region-size $rs vkill "$(durl vkill)" > "$tmpdir/vkill.out" 2>&1 & mv=$!
+bg_move vkill "$(durl vkill)"
 partial vkill
 write_mark vkill 173
 stop_server ctl KILL
-rc=0; wait $mv || rc=$?
-cat "$tmpdir/vkill.out"
-[ $rc -eq 1 ] || die "move vkill with its server killed: exit $rc, not 1"
-grep -q "move --resume vkill" "$tmpdir/vkill.out" ||
-    die "move vkill: no note of --resume"
+stopped vkill "server killed" "move --resume vkill"
 start_server --stderr "$tmpdir/log2" ctl mapper tables="$tmpdir/tables"
 mirror_live vkill
 marked vkill 173
@@ -201,14 +204,10 @@ marked vkill 173
 echo "move vkill (server kill -9, restart, again): ok"
 
 # --- DEST fails writes mid-copy: the move stops, --resume copies again -----
-"$NBDMSETUP" move --region-size $rs vfail "$furl" > "$tmpdir/vfail.out" 2>&1 & mv=$!
+bg_move vfail "$furl"
 partial vfail
 touch "$tmpdir/fail"
-rc=0; wait $mv || rc=$?
-cat "$tmpdir/vfail.out"
-[ $rc -eq 1 ] || die "move vfail with DEST failing: exit $rc, not 1"
-grep -q "move vfail: DEST failed .* (leg 1, '[DS]', line [12]): the move cannot finish (vfail stays on the mirror, whose copy to DEST has stopped: once DEST works, 'nbdmsetup move --resume' copies it all again" \
-     "$tmpdir/vfail.out" || die "move vfail: no message of DEST's failure"
+stopped vfail "DEST failing" "move vfail: DEST failed .* (leg 1, '[DS]', line [12]): the move cannot finish (vfail stays on the mirror, whose copy to DEST has stopped: once DEST works, 'nbdmsetup move --resume' copies it all again"
 mirror_live vfail
 write_mark vfail 176                   # on the source alone, without error
 marked vfail 176
@@ -222,7 +221,7 @@ marked vfail 176
 echo "move vfail (DEST failing, --resume): ok"
 
 # --- the tool killed mid-copy, then --abort --------------------------------
-"$NBDMSETUP" move --region-size $rs vab "$(durl vab)" > "$tmpdir/vab.out" 2>&1 & mv=$!
+bg_move vab "$(durl vab)"
 partial vab
 kill -KILL $mv; wait $mv 2>/dev/null || :
 mirror_live vab
@@ -237,7 +236,7 @@ echo "move --abort vab: ok"
 
 # --- killed in the last step: suspended, the linear table loaded ----------
 for v in vfin vfab; do
-    "$NBDMSETUP" move --region-size $rs $v "$(durl $v)" > "$tmpdir/$v.out" 2>&1 & mv=$!
+    bg_move $v "$(durl $v)"
     partial $v
     kill -KILL $mv; wait $mv 2>/dev/null || :
     ms load $v --table "0 $sectors linear $(durl $v) 0"
@@ -271,8 +270,8 @@ truncate -s 4M "$tmpdir/vcl.md"
 cp "$tmpdir/vcl.a" "$tmpdir/vcl.orig"
 ms create vcl --table "0 $((half / 512)) linear $tmpdir/vcl.a 0"
 fails "clone vcl: --metadata FILE is missing" ms move --method clone vcl "$(durl vcl)"
-with_sigint "$NBDMSETUP" move --method clone --metadata "$tmpdir/vcl.md" \
-    --region-size $rs vcl "$(durl vcl)" > "$tmpdir/vcl.out" 2>&1 & mv=$!
+WRAP=with_sigint bg_move vcl "$(durl vcl)" --method clone \
+    --metadata "$tmpdir/vcl.md"
 partial vcl
 clmark () { nbdsh -u "nbd+unix:///vcl?socket=$sock" -c "
 h.pwrite(bytes([$1]) * 65536, 1 << 20)
@@ -280,11 +279,7 @@ h.pwrite(bytes([$1]) * 4096, (6 << 20) + 512)
 h.flush()"; }
 clmark 175
 kill -INT $mv
-rc=0; wait $mv || rc=$?
-cat "$tmpdir/vcl.out"
-[ $rc -eq 1 ] || die "move vcl after SIGINT: exit $rc, not 1"
-grep -q "interrupted.*stays on the clone.*move --resume vcl" "$tmpdir/vcl.out" ||
-    die "move vcl: no note of --resume"
+stopped vcl SIGINT "interrupted.*stays on the clone.*move --resume vcl"
 before=$(snap vcl)
 fails "abort vcl: a clone move writes to DEST only" ms move --abort vcl
 unchanged vcl "$before"
