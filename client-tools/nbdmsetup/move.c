@@ -570,7 +570,7 @@ read_progress (struct move *m, struct progress *pr)
  * changed.
  */
 static void
-show_progress (struct move *m, const struct progress *pr, bool last)
+show_progress (struct move *m, const struct progress *pr)
 {
   static uint64_t shown = UINT64_MAX;
   bool tty = isatty (STDOUT_FILENO);
@@ -582,7 +582,7 @@ show_progress (struct move *m, const struct progress *pr, bool last)
   printf ("%smove %s: %" PRIu64 "/%" PRIu64 " regions %s (%.1f%%)%s",
           tty ? "\r" : "", m->name, pr->in_sync, pr->regions,
           m->clone ? "hydrated" : "in sync", pct,
-          tty && !last ? "" : "\n");
+          tty ? "" : "\n");
   fflush (stdout);
 }
 
@@ -693,7 +693,7 @@ wait_and_finish (struct move *m)
            "by someone else?)", m->name);
     die_note = resume_note (m);
     read_progress (m, &pr);
-    show_progress (m, &pr, false);
+    show_progress (m, &pr);
     if (pr.bad[0]) {
       bool source = strncmp (pr.bad, "the source", 10) == 0;
       end_progress_line ();
