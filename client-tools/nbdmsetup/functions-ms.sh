@@ -99,3 +99,15 @@ echo "$i" > "$1/writes"
 EOS
     bash "$tmpdir/load.sh" "$tmpdir" "$1" "${2:-0}" & load=$!
 }
+
+# clone_hydrated NAME REGIONS: wait (at most 60 s) until the clone target
+# of NAME shows REGIONS/REGIONS hydrated; fail the test otherwise.
+clone_hydrated ()
+{
+    local i
+    for (( i = 0; i < 600; i++ )); do
+        ms status "$1" | grep -q " $2/$2 " && return 0
+        sleep 0.1
+    done
+    die "$1: not hydrated: $(ms status "$1")"
+}

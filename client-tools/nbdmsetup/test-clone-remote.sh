@@ -88,10 +88,7 @@ open("'"$tmpdir/seen"'", "wb").write(got)
 '
 ms message c 0 hydration_threshold 64
 ms message c 0 hydration_batch_size 16
-for (( i = 0; i < 300; i++ )); do
-    ms status c | grep -q ' 4096/4096 ' && break
-    sleep 0.1
-done
+clone_hydrated c 4096
 ms status c | grep -Eq '^0 65536 clone 8 [0-9]+/1024 16 4096/4096 0 0 4 hydration_threshold 64 hydration_batch_size 16 rw$' ||
     die "not hydrated: $(ms status c)"
 [ "$(ev c)" -gt "$ev0" ] || die "no event for the end of hydration"

@@ -64,6 +64,7 @@ struct clone_state {
   struct clone_state *next;       /* states (states_lock) */
   unsigned refs;                  /* tables naming it (states_lock) */
   struct backend *md_be;          /* held */
+  struct backend *dest_be;        /* the first table's: identity only */
   struct pd_blockdev pdev;
   struct clone_md *md;
   uint64_t len, region_bytes, region_sectors, nr_regions, nr_words;
@@ -78,7 +79,8 @@ struct clone_state {
   unsigned hydrating;             /* regions the workers copy now */
   uint64_t cursor;                /* where the workers look next */
   bool done_reported;
-  bool failed;                    /* metadata failed: read-only, Fail */
+  _Atomic bool failed;            /* metadata failed: Fail (map reads it
+                                   * unlocked) */
   struct clone_c *bound;          /* the live target, while resumed */
   bool stop;                      /* workers: exit */
   unsigned nr_workers;
@@ -172,20 +174,14 @@ set_failed (struct clone_state *s, struct clone_c *c, const char *what,
   pthread_mutex_unlock (&s->lock);
   if (was)
     return;
-  if (c)
-    target_event (c->ti, "%s failed: %s: switching to fail mode", what, why);
-  else if (mapper_log)
-    mapper_log ("clone: %s: %s failed: %s", backend_name (s->md_be), what,
-                why);
+  target_event (c->ti, "%s failed: %s: switching to fail mode", what, why);
 }
 
-/* dm's commit_metadata: take what was hydrated so far, flush the
- * destination (dest; NULL when none is bound: nothing hydrated since
- * needs it... the caller passes the backend it wrote through), commit
- * those bits.  0, or -EIO with the state failed.
+/* dm's commit_metadata: take what was hydrated so far, flush c's
+ * destination, commit those bits.  0, or -EIO with the state failed.
  */
 static int
-clone_commit (struct clone_state *s, struct clone_c *c, struct backend *dest)
+clone_commit (struct clone_state *s, struct clone_c *c)
 {
   char err[PD_ERR_LEN] = "";
   bool any = false;
@@ -208,7 +204,7 @@ clone_commit (struct clone_state *s, struct clone_c *c, struct backend *dest)
   if (!any)
     goto out;
   /* The copies (and overwrites) of those regions durable first. */
-  if (dest && (r = target_flush_backend (dest)) < 0) {
+  if ((r = target_flush_backend (c->dest_be)) < 0) {
     snprintf (err, sizeof err, "flush of the destination: %s",
               mapper_strerror (-r));
     goto failed;
@@ -316,7 +312,7 @@ report_done_locked (struct clone_state *s, struct clone_c *c)
   if (s->nr_hydrated == s->nr_regions && !s->done_reported) {
     s->done_reported = true;
     pthread_mutex_unlock (&s->lock);
-    clone_commit (s, c, c->dest_be);
+    clone_commit (s, c);
     target_event (c->ti, "hydration complete: %" PRIu64 " regions",
                   s->nr_regions);
     pthread_mutex_lock (&s->lock);
@@ -393,7 +389,7 @@ clone_worker (void *arg)
 
     if (me == 0 && now - s->last_commit_ns >= COMMIT_PERIOD_NS) {
       pthread_mutex_unlock (&s->lock);
-      clone_commit (s, c, c->dest_be);
+      clone_commit (s, c);
       pthread_mutex_lock (&s->lock);
       continue;
     }
@@ -484,6 +480,15 @@ start_workers_locked (struct clone_state *s)
   }
 }
 
+/* Is c the target s runs for (with its workers, if running)? */
+static bool
+is_bound (struct clone_state *s, struct clone_c *c, bool running)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&s->lock);
+
+  return s->bound == c && (!running || s->nr_workers > 0);
+}
+
 static void
 clone_resume (struct target *ti)
 {
@@ -491,12 +496,8 @@ clone_resume (struct target *ti)
   struct clone_state *s = c->s;
   bool up;
 
-  pthread_mutex_lock (&s->lock);
-  if (s->bound == c && s->nr_workers) {
-    pthread_mutex_unlock (&s->lock);
+  if (is_bound (s, c, true))
     return;
-  }
-  pthread_mutex_unlock (&s->lock);
   stop_workers (s);             /* another table's (a replace) */
   pthread_mutex_lock (&states_lock);
   up = engine_up;
@@ -513,18 +514,14 @@ clone_postsuspend (struct target *ti)
 {
   struct clone_c *c = ti->private;
   struct clone_state *s = c->s;
-  bool mine;
 
-  pthread_mutex_lock (&s->lock);
-  mine = s->bound == c;
-  pthread_mutex_unlock (&s->lock);
-  if (!mine)
+  if (!is_bound (s, c, false))
     return;
   stop_workers (s);
   /* dm's postsuspend commits: a suspended clone's hydrated regions are
    * on disk, and the next table (linear on the destination) may go.
    */
-  clone_commit (s, c, c->dest_be);
+  clone_commit (s, c);
   pthread_mutex_lock (&s->lock);
   s->bound = NULL;
   pthread_mutex_unlock (&s->lock);
@@ -564,7 +561,7 @@ clone_type_stop (void)
     c = s->bound;
     pthread_mutex_unlock (&s->lock);
     if (c)
-      clone_commit (s, c, c->dest_be);
+      clone_commit (s, c);
     pthread_mutex_lock (&states_lock);
     s->refs--;
   }
@@ -628,6 +625,13 @@ state_get (struct clone_c *c, uint64_t md_size, struct mapper_err *err)
                         s->len >> MAPPER_SECTOR_SHIFT, s->region_sectors);
         return -EBUSY;
       }
+      /* Its bitmap says what is on that destination, not another. */
+      if (s->dest_be != c->dest_be) {
+        mapper_err_set (err, "metadata device %s is in use by a clone onto "
+                        "destination %s", backend_name (c->md_be),
+                        backend_name (s->dest_be));
+        return -EBUSY;
+      }
       s->refs++;
       c->s = s;
       return 0;
@@ -639,6 +643,7 @@ state_get (struct clone_c *c, uint64_t md_size, struct mapper_err *err)
     return -ENOMEM;
   }
   s->md_be = c->md_be;
+  s->dest_be = c->dest_be;
   s->pdev = (struct pd_blockdev) { .ops = &md_ops, .opaque = c->md_be,
                                    .size = md_size };
   s->len = c->ti->len;
@@ -1080,7 +1085,7 @@ clone_map (struct target *ti, struct io_req *req, uint64_t off, uint64_t len,
     pthread_cond_broadcast (&s->cond);
     pthread_mutex_unlock (&s->lock);
     if (e == 0)
-      e = clone_commit (s, c, c->dest_be);
+      e = clone_commit (s, c);
     return e;
   }
 
@@ -1101,8 +1106,18 @@ clone_map (struct target *ti, struct io_req *req, uint64_t off, uint64_t len,
                           r << 24 | n);
     else
       e = io_emit (req, c->dest_be, pos, next - pos, buf_at (buf, pos - off));
-    if (e < 0)
+    if (e < 0) {
+      /* The regions made busy above and not emitted yet are not being
+       * overwritten after all (the emitted ones get their end_io).
+       */
+      pthread_mutex_lock (&s->lock);
+      for (uint64_t i = r; i <= last; i++)
+        if (bit_test (s->busy, i) && !bit_test (s->map, i))
+          bit_clear (s->busy, i);
+      pthread_cond_broadcast (&s->cond);
+      pthread_mutex_unlock (&s->lock);
       return e;
+    }
     pos = next;
   }
   return 0;
@@ -1113,7 +1128,7 @@ clone_flush (struct target *ti, struct io_req *req)
 {
   struct clone_c *c = ti->private;
 
-  return clone_commit (c->s, c, c->dest_be);
+  return clone_commit (c->s, c);
 }
 
 static int
@@ -1198,10 +1213,15 @@ clone_message (struct target *ti, unsigned argc, char **argv, char *reply,
   uint64_t v;
   int r;
 
-  if (argc == 1 && strcmp (argv[0], "enable_hydration") == 0)
-    atomic_store (&c->hydration_enabled, true);
-  else if (argc == 1 && strcmp (argv[0], "disable_hydration") == 0)
-    atomic_store (&c->hydration_enabled, false);
+  if (argc >= 1 && (strcmp (argv[0], "enable_hydration") == 0 ||
+                    strcmp (argv[0], "disable_hydration") == 0)) {
+    if (argc != 1) {
+      mapper_err_set (err, "%s takes no arguments, got %u", argv[0],
+                      argc - 1);
+      return -EINVAL;
+    }
+    atomic_store (&c->hydration_enabled, argv[0][0] == 'e');
+  }
   else if (argc >= 1 && strcmp (argv[0], "hydration_threshold") == 0)
     arg = &threshold_arg;
   else if (argc >= 1 && strcmp (argv[0], "hydration_batch_size") == 0)
