@@ -367,8 +367,8 @@ void clone_retry (struct clone *c, struct backend *be, uint64_t offset,
  * one synchronous sub-request to be, issued and waited for inside map(),
  * so buf may be a bounce buffer reused as soon as this returns.  flags:
  * MAPPER_FUA (emulated where not native), MAPPER_MAY_TRIM (an IO_ZERO
- * that may punch a hole: clone's hydration of a source's holes).
- * 0 or -errno.
+ * that may punch a hole: clone's hydration and mirror's resync of a
+ * source's holes).  0 or -errno.
  */
 int io_sync (enum io_op op, struct backend *be, uint64_t offset,
              uint64_t len, char *buf, uint32_t flags);

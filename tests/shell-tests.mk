@@ -21,6 +21,7 @@ SHELL_TESTS = \
 	test-ext4.sh \
 	test-mirror.sh \
 	test-mirror-remote.sh \
+	test-mirror-read-balance.sh \
 	test-stacking.sh \
 	test-flush-dedup.sh \
 	test-delay.sh \

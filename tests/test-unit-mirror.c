@@ -38,6 +38,7 @@
 #define LEG_SIZE (LEG_SECTORS * S)
 
 static char *A, *B, *C;                 /* leg files */
+static char *L;                         /* a disk log */
 
 /* --- helpers ---------------------------------------------------------- */
 
@@ -159,6 +160,16 @@ good (const char *args, const char *want_format)
 
 /* --- constructor -------------------------------------------------------- */
 
+/* A 4 KiB log device starting with the n bytes of head. */
+static void
+write_log (const char *path, const char *head, size_t n)
+{
+  char buf[4096] = "";
+
+  memcpy (buf, head, n);
+  unit_write_file (path, buf, sizeof buf);
+}
+
 static void
 test_ctr (void)
 {
@@ -170,7 +181,35 @@ test_ctr (void)
   } while (0)
 
   BAD (EINVAL, "expected core", "core");
-  BAD (EINVAL, "log type 'disk' is not supported", "disk 1 64 %s", two);
+  BAD (EINVAL, "log type 'clustered-disk' is not supported (expected core "
+       "or disk)", "clustered-disk 2 %s 64 %s", L, two);
+  BAD (EINVAL, "invalid number of log arguments '1' (2 to 4)", "disk 1 64 %s",
+       two);
+  BAD (EINVAL, "invalid number of log arguments '5' (2 to 4)",
+       "disk 5 %s 64 sync block_on_error x %s", L, two);
+  BAD (EINVAL, "unrecognised log argument 'fast' (expected [sync|nosync] "
+       "[block_on_error])", "disk 3 %s 64 fast %s", L, two);
+  BAD (EINVAL, "unrecognised log argument 'sync' (expected [sync|nosync] "
+       "[block_on_error])", "disk 4 %s 64 block_on_error sync %s", L, two);
+  BAD (EINVAL, "unrecognised log argument 'block_on_error' (expected sync "
+       "or nosync)", "core 2 64 block_on_error %s", two);
+  BAD (ENOENT, "log device: /nonexistent", "disk 2 /nonexistent 64 %s", two);
+  /* 32 regions: 1024 bytes of header and 4 of bits, in 512-byte blocks. */
+  unit_write_file (L, NULL, 1024);
+  {
+    char want[4096];
+    snprintf (want, sizeof want, "log device %s too small: 1024 bytes, a log "
+              "of 32 regions needs 1536", L);
+    BAD (EINVAL, want, "disk 2 %s 64 %s", L, two);
+  }
+  /* A damaged header is refused unless sync says to start again. */
+  write_log (L, "JUNK", 4);
+  BAD (EINVAL, "not a mirror log (magic 0x4b4e554a in sector 0, expected "
+       "0x4d695272); a 'sync' log argument re-initialises it",
+       "disk 2 %s 64 %s", L, two);
+  write_log (L, "rRiM\7\0\0\0", 8);
+  BAD (EINVAL, "disk log version 7 is not supported (expected 2)",
+       "disk 2 %s 64 %s", L, two);
   BAD (EINVAL, "invalid number of log arguments 'x' (1 to 2)", "core x 64 %s",
        two);
   BAD (EINVAL, "invalid number of log arguments '0' (1 to 2)", "core 0 %s",
@@ -219,6 +258,13 @@ test_ctr (void)
   snprintf (args, sizeof args, "core 2 1024 nosync %s 1 handle_errors", two);
   good (args, NULL);
   snprintf (args, sizeof args, "core 2 8 sync 3 %s 0 %s 0 %s 2048", A, B, C);
+  good (args, NULL);
+  snprintf (args, sizeof args, "disk 3 %s 64 sync %s", L, two);
+  good (args, NULL);
+  snprintf (args, sizeof args, "disk 2 %s 64 %s", L, two);
+  good (args, NULL);
+  snprintf (args, sizeof args, "disk 4 %s 64 nosync block_on_error %s 1 "
+            "handle_errors", L, two);
   good (args, NULL);
   {
     char want[4096];
@@ -284,8 +330,9 @@ test_io (void)
   device_destroy (dev);
 }
 
-/* Reads are spread over the legs (by 1 MiB of device offset): a read at
- * 0 and one at 1 MiB go to different legs; writes go to both.
+/* Reads are balanced over the in-sync legs as dm-raid1's choose_mirror
+ * does: MIN_READS (128) reads on one leg, then the next, wherever they
+ * are (reads of one hot block are shared too); writes go to both.
  */
 static void
 test_read_spread (void)
@@ -294,7 +341,7 @@ test_read_spread (void)
   CLEANUP_FREE char *text =
     unit_sprintf ("0 %llu mirror core 1 64 2 %s 0 %s 0\n",
                   2 * LEG_SECTORS, C, D);
-  CLEANUP_FREE char *want0 = NULL, *want1 = NULL;
+  CLEANUP_FREE char *want0 = NULL, *want1 = NULL, *want0d = NULL;
   char buf[4096];
   struct device *dev;
 
@@ -318,9 +365,15 @@ test_read_spread (void)
   text = unit_sprintf ("0 %llu mirror core 2 64 nosync 2 %s 0 %s 0\n",
                        2 * LEG_SECTORS, C, D);
   dev = mkdev ("spread", text);
+  want0d = unit_sprintf ("read 0+4096 -> 1 clone: [%s 0+4096]", D);
+  for (int i = 0; i < 128; i++) {
+    CHECK_EQ (device_pread (dev, buf, 4096, 0, 0), 0);
+    CHECKF (strstr (unit_last_log, want0),
+            "read %d: log '%s', want '%s'", i, unit_last_log, want0);
+  }
   CHECK_EQ (device_pread (dev, buf, 4096, 0, 0), 0);
-  CHECKF (strstr (unit_last_log, want0),
-          "log '%s', want '%s'", unit_last_log, want0);
+  CHECKF (strstr (unit_last_log, want0d),
+          "log '%s', want '%s'", unit_last_log, want0d);
   CHECK_EQ (device_pread (dev, buf, 4096, LEG_SIZE, 0), 0);
   CHECKF (strstr (unit_last_log, want1),
           "log '%s', want '%s'", unit_last_log, want1);
@@ -532,7 +585,8 @@ test_resync (void)
   CHECK_EQ (now, 2);
   status_of (dev, st, sizeof st);
   CHECKF (strstr (st, " 64/64 1 AAA 1 core") != NULL, "status '%s'", st);
-  CHECK_LOGGED ("mirror: device m: resync complete, 64/64 regions in sync\n");
+  CHECK_LOGGED ("mirror: device m: resync complete, 64/64 regions in sync, "
+                "64 regions copied, 0 bytes of holes skipped\n");
   atomic_store (&w.stop, true);
   pthread_join (thr, NULL);
   CHECK_EQ (device_flush (dev, 0), 0);
@@ -818,6 +872,7 @@ main (void)
   A = strdup (unit_path ("a.img"));
   B = strdup (unit_path ("b.img"));
   C = strdup (unit_path ("c.img"));
+  L = strdup (unit_path ("log.img"));
   unit_write_file (A, NULL, LEG_SIZE);
   unit_write_file (B, NULL, LEG_SIZE);
   unit_write_file (C, NULL, 2 * LEG_SIZE);
@@ -836,5 +891,6 @@ main (void)
   free (A);
   free (B);
   free (C);
+  free (L);
   UNIT_EXIT ();
 }

@@ -134,6 +134,143 @@ sleep_ns (long ns)
   nanosleep (&ts, NULL);
 }
 
+static uint64_t
+now_ns (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000ULL + ts.tv_nsec;
+}
+
+/* --- holes -------------------------------------------------------------- */
+
+/* The source leg's extents of a chunk, in target coordinates: where it
+ * reads as zeroes the copy writes none (dm copies everything; here a
+ * sparse source leaves the other legs sparse).
+ */
+struct extent {
+  uint64_t off, len;
+  bool zero;
+};
+struct extent_list {
+  struct extent *e;
+  size_t n, alloc;
+  uint64_t base;                /* backend offset of target offset 0 */
+  uint64_t end;                 /* backend coordinates: covered so far */
+};
+
+static int
+collect_extent (void *opaque, uint64_t offset, uint64_t length, uint32_t type)
+{
+  struct extent_list *l = opaque;
+  bool zero = (type & MAPPER_EXTENT_ZERO) != 0;
+
+  if (offset != l->end || length == 0)
+    return -1;                  /* not contiguous: stop, copy the rest */
+  l->end = offset + length;
+  if (l->n && l->e[l->n - 1].zero == zero) {
+    l->e[l->n - 1].len += length;
+    return 0;
+  }
+  if (l->n == l->alloc) {
+    size_t a = l->alloc ? 2 * l->alloc : 16;
+    struct extent *p = realloc (l->e, a * sizeof *p);
+    if (p == NULL)
+      return -1;
+    l->e = p, l->alloc = a;
+  }
+  l->e[l->n++] = (struct extent) { offset - l->base, length, zero };
+  return 0;
+}
+
+/* Does leg i read as zeroes over target bytes [off, off+len)? */
+static bool
+leg_reads_zero (struct mirror *m, unsigned i, uint64_t off, uint64_t len)
+{
+  struct extent_list l = { .base = m->legs[i].start,
+                           .end = m->legs[i].start + off };
+  bool zero;
+
+  if (!backend_caps (m->legs[i].be)->can_extents)
+    return false;
+  backend_extents (m->legs[i].be, l.end, len, false, collect_extent, &l);
+  zero = l.end >= m->legs[i].start + off + len && l.n == 1 && l.e[0].zero;
+  free (l.e);
+  return zero;
+}
+
+static bool
+leg_takes_sync (struct mirror *m, unsigned i)
+{
+  return !(atomic_load (&m->legs[i].errors) &
+           (LEG_WRITE_ERR | LEG_SYNC_ERR | LEG_FLUSH_ERR));
+}
+
+/* Copy target bytes [off, off+n) (n <= COPY_CHUNK) from leg 0 to the
+ * other healthy legs.  Where leg 0 reads as zeroes nothing is read: a
+ * leg that reads as zeroes there too is left alone, another gets a zero
+ * request that may trim (a file leg gets a hole).  0 or -errno (leg 0
+ * failed, or -ESHUTDOWN).
+ */
+static int
+copy_chunk (struct mirror *m, char *buf, uint64_t off, uint64_t n)
+{
+  struct extent_list l = { .base = m->legs[0].start,
+                           .end = m->legs[0].start + off };
+  struct extent whole = { off, n, false };
+  struct extent *e = &whole;
+  size_t ne = 1;
+  int r = 0;
+
+  if (backend_caps (m->legs[0].be)->can_extents) {
+    backend_extents (m->legs[0].be, l.end, n, false, collect_extent, &l);
+    /* What it did not answer is copied. */
+    if (l.end < m->legs[0].start + off + n)
+      collect_extent (&l, l.end, m->legs[0].start + off + n - l.end, 0);
+    if (l.end >= m->legs[0].start + off + n)
+      e = l.e, ne = l.n;
+  }
+  for (size_t k = 0; k < ne && r == 0; k++) {
+    uint64_t eo = e[k].off, el = MIN (e[k].len, off + n - eo);
+
+    if (e[k].zero) {
+      atomic_fetch_add (&m->bytes_skipped, el);
+      for (unsigned i = 1; i < m->nr_legs; i++) {
+        int w;
+        if (!leg_takes_sync (m, i) || leg_reads_zero (m, i, eo, el))
+          continue;
+        w = io_sync (IO_ZERO, m->legs[i].be, m->legs[i].start + eo, el,
+                     NULL, MAPPER_MAY_TRIM);
+        if (w == -ESHUTDOWN)
+          r = w;
+        else if (w < 0)
+          mirror_mark_leg (m, i, LEG_SYNC_ERR, "failed a resync write");
+      }
+      continue;
+    }
+    r = io_sync (IO_READ, m->legs[0].be, m->legs[0].start + eo, el, buf, 0);
+    if (r < 0) {
+      if (r != -ESHUTDOWN)
+        mirror_mark_leg (m, 0, LEG_READ_ERR, "failed a resync read");
+      break;
+    }
+    /* Each leg its own request, so a failing leg is known by name. */
+    for (unsigned i = 1; i < m->nr_legs; i++) {
+      int w;
+      if (!leg_takes_sync (m, i))
+        continue;
+      w = io_sync (IO_WRITE, m->legs[i].be, m->legs[i].start + eo, el, buf,
+                   0);
+      if (w == -ESHUTDOWN)
+        r = w;                  /* not copied: not in sync */
+      else if (w < 0)
+        mirror_mark_leg (m, i, LEG_SYNC_ERR, "failed a resync write");
+    }
+  }
+  free (l.e);
+  return r;
+}
+
 /* Copy one region from leg 0 to the other healthy legs, with writes to it
  * fenced off.  0 or -errno (the source failed); -ESHUTDOWN: given up
  * because the server is stopping or the mirror is being suspended (a leg
@@ -163,28 +300,11 @@ copy_region (struct mirror *m, char *buf, uint64_t region)
       r = -EIO;
       break;
     }
-    r = io_sync (IO_READ, m->legs[0].be, m->legs[0].start + off, n, buf, 0);
-    if (r < 0) {
-      if (r != -ESHUTDOWN)
-        mirror_mark_leg (m, 0, LEG_READ_ERR, "failed a resync read");
-      break;
-    }
-    /* Each leg its own request, so a failing leg is known by name. */
-    for (unsigned i = 1; i < m->nr_legs; i++) {
-      int e;
-      if (atomic_load (&m->legs[i].errors) &
-          (LEG_WRITE_ERR | LEG_SYNC_ERR | LEG_FLUSH_ERR))
-        continue;
-      e = io_sync (IO_WRITE, m->legs[i].be, m->legs[i].start + off, n, buf,
-                   0);
-      if (e == -ESHUTDOWN)
-        r = e;                  /* not copied: not in sync */
-      else if (e < 0)
-        mirror_mark_leg (m, i, LEG_SYNC_ERR, "failed a resync write");
-    }
+    r = copy_chunk (m, buf, off, n);
   }
 
   if (r == 0) {
+    atomic_fetch_add (&m->nr_copied, 1);
     atomic_fetch_or_explicit (&m->in_sync[region / 64], 1ULL << (region % 64),
                               memory_order_release);
     if (atomic_fetch_add (&m->nr_in_sync, 1) + 1 == m->nr_regions)
@@ -225,7 +345,6 @@ resync_worker (void *arg)
     seen = atomic_load (&m->fg_ios);
     request_wait_cancel = &m->stop_copy;
     r = copy_region (m, buf, region);
-    request_wait_cancel = NULL;
     /* Raised while resync_current is m: a swap waits for that
      * (postsuspend) before it unbinds the table, so they reach the
      * device the table is live on.  Each happens once: m is not queued
@@ -240,10 +359,23 @@ resync_worker (void *arg)
                     (uint64_t) atomic_load (&m->nr_in_sync), m->nr_regions);
     }
     else if (atomic_load (&m->all_in_sync)) {
+      /* The disk log learns it before anyone is told. */
+      mirror_log_clear_pass (m);
       mirror_log_state (m, "resync complete");
       target_event (m->ti, "resync complete, %" PRIu64 "/%" PRIu64
-                    " regions in sync", m->nr_regions, m->nr_regions);
+                    " regions in sync, %" PRIu64 " regions copied, %"
+                    PRIu64 " bytes of holes skipped", m->nr_regions,
+                    m->nr_regions,
+                    (uint64_t) atomic_load (&m->nr_copied),
+                    (uint64_t) atomic_load (&m->bytes_skipped));
     }
+    else if (r == 0 && m->log && now_ns () - m->last_pass_ns >= 1000000000) {
+      /* Progress survives a crash: at most a second of it is redone. */
+      mirror_log_clear_pass (m);
+      m->last_pass_ns = now_ns ();
+    }
+    /* The log passes above flush legs: given up as the copy is. */
+    request_wait_cancel = NULL;
     /* Foreground I/O keeps priority: after a region that competed with
      * it, let it run alone for a while.
      */

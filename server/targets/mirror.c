@@ -36,7 +36,7 @@
 #include "util.h"
 #include "mirror.h"
 
-#define READ_SPREAD_SHIFT 20       /* reads change leg every 1 MiB */
+#define MIN_READS 128              /* dm-raid1: reads per leg in turn */
 
 static size_t mirror_info (struct mirror *m, char *buf, size_t len);
 
@@ -77,6 +77,7 @@ mirror_mark_leg (struct mirror *m, unsigned leg, unsigned bit,
 #define ARG_TRIED(a) ((unsigned) (((a) >> 8) & 0xffff))
 #define ARG_COUNTED 0x1000000ULL
 #define ARG_PARITY 0x2000000ULL
+#define ARG_LOGGED 0x4000000ULL    /* counted in the disk log's wstate */
 #define MAKE_ARG(leg, tried) ((uint64_t) (leg) | ((uint64_t) (tried) << 8))
 
 static bool
@@ -101,6 +102,11 @@ mirror_write_end_io (struct clone *c, void *ctx, uint64_t arg, int error)
   struct mirror *m = ctx;
   unsigned leg = ARG_LEG (arg);
 
+  if (arg & ARG_LOGGED) {
+    uint64_t offset, len;
+    clone_range (c, &offset, &len);
+    mirror_log_write_exit (m, offset - m->legs[leg].start, len, 1);
+  }
   if (arg & ARG_COUNTED)
     mirror_write_exit (m, !!(arg & ARG_PARITY), 1);
   if (error == 0 || error == -ECANCELED)
@@ -176,7 +182,8 @@ mirror_map (struct target *ti, struct io_req *req, uint64_t off,
     unsigned first;
 
     if (synced || range_in_sync (m, off, len))
-      first = ((ti->begin + off) >> READ_SPREAD_SHIFT) % n;
+      first = (atomic_fetch_add_explicit (&m->reads, 1, memory_order_relaxed)
+               / MIN_READS) % n;
     else
       n = 1, first = 0;         /* only leg 0 has the data yet */
     for (i = 0; i < n; i++) {
@@ -208,8 +215,16 @@ mirror_map (struct target *ti, struct io_req *req, uint64_t off,
       n += !(skip & (1u << i));
     if (n == 0)
       return -EIO;
+    /* The disk log first: the regions' dirty bits are durable before
+     * any clone goes out.
+     */
+    if (m->log) {
+      if ((r = mirror_log_write_enter (m, off, len, n)) < 0)
+        return r;
+      arg |= ARG_LOGGED;
+    }
     if (!synced) {
-      arg = ARG_COUNTED;
+      arg |= ARG_COUNTED;
       if (mirror_write_enter (m, off, len, n))
         arg |= ARG_PARITY;
     }
@@ -222,6 +237,8 @@ mirror_map (struct target *ti, struct io_req *req, uint64_t off,
       if (r < 0) {
         if (arg & ARG_COUNTED)
           mirror_write_exit (m, !!(arg & ARG_PARITY), n - emitted);
+        if (arg & ARG_LOGGED)
+          mirror_log_write_exit (m, off, len, n - emitted);
         return r;
       }
       emitted++;
@@ -274,7 +291,9 @@ leg_status_char (struct mirror *m, unsigned i)
   return 'A';
 }
 
-/* dm: <#legs> <dev>... <in_sync>/<regions> 1 <A|D|S|R...> 1 core */
+/* dm: <#legs> <dev>... <in_sync>/<regions> 1 <A|D|S|R...> then the
+ * log's: "1 core", or "3 disk <log dev> <A|D|F>".
+ */
 static size_t
 mirror_info (struct mirror *m, char *buf, size_t len)
 {
@@ -287,8 +306,13 @@ mirror_info (struct mirror *m, char *buf, size_t len)
     chars[i] = leg_status_char (m, i);
   }
   chars[m->nr_legs] = '\0';
-  EMIT (" %" PRIu64 "/%" PRIu64 " 1 %s 1 core",
+  EMIT (" %" PRIu64 "/%" PRIu64 " 1 %s",
         (uint64_t) atomic_load (&m->nr_in_sync), m->nr_regions, chars);
+  if (m->log)
+    EMIT (" 3 disk %s %c", backend_name (m->log->be),
+          mirror_log_status_char (m));
+  else
+    EMIT (" 1 core");
   return used;
 }
 
@@ -302,10 +326,16 @@ mirror_status (struct target *ti, enum status_type type, char *buf,
   if (type == STATUSTYPE_INFO)
     return mirror_info (m, buf, len);
 
-  EMIT ("core %d %" PRIu64 "%s %u", m->sync == SYNC_DEFAULT ? 1 : 2,
-        m->region_size >> MAPPER_SECTOR_SHIFT,
+  if (m->log)
+    EMIT ("disk %d %s", 2 + (m->sync != SYNC_DEFAULT) +
+          m->log->block_on_error, backend_name (m->log->be));
+  else
+    EMIT ("core %d", 1 + (m->sync != SYNC_DEFAULT));
+  EMIT (" %" PRIu64 "%s%s %u", m->region_size >> MAPPER_SECTOR_SHIFT,
         m->sync == SYNC_SYNC ? " sync"
-        : m->sync == SYNC_NOSYNC ? " nosync" : "", m->nr_legs);
+        : m->sync == SYNC_NOSYNC ? " nosync" : "",
+        m->log && m->log->block_on_error ? " block_on_error" : "",
+        m->nr_legs);
   for (unsigned i = 0; i < m->nr_legs; i++)
     EMIT (" %s %" PRIu64, backend_name (m->legs[i].be),
           m->legs[i].start >> MAPPER_SECTOR_SHIFT);
@@ -328,24 +358,33 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
   struct target_args as = { argc, argv }, log, features;
   struct mirror *m;
   uint64_t region, nlegs, words;
-  const char *arg;
+  const char *arg, *log_dev = NULL;
+  bool disk, block_on_error = false;
   int r;
 
-  /* The log: core <#log_args> <region_size> [sync|nosync]. */
+  /* The log: core <#log_args> <region_size> [sync|nosync], or
+   * disk <#log_args> <log dev> <region_size> [sync|nosync]
+   * [block_on_error].
+   */
   if (argc < 2) {
-    mapper_err_set (err, "expected core <#log_args> <region_size> [sync|"
-                    "nosync] <#legs> <dev> <offset>..., got %u argument%s",
-                    argc, argc == 1 ? "" : "s");
+    mapper_err_set (err, "expected core|disk <#log_args> [<log dev>] "
+                    "<region_size> [sync|nosync] <#legs> <dev> <offset>..., "
+                    "got %u argument%s", argc, argc == 1 ? "" : "s");
     return -EINVAL;
   }
   arg = target_shift_arg (&as);
-  if (strcmp (arg, "core") != 0) {
-    mapper_err_set (err, "log type '%s' is not supported (only 'core')", arg);
+  disk = strcmp (arg, "disk") == 0;
+  if (!disk && strcmp (arg, "core") != 0) {
+    mapper_err_set (err, "log type '%s' is not supported (expected core or "
+                    "disk)", arg);
     return -EINVAL;
   }
-  if ((r = target_read_group ("log argument", 1, 2, false, &as, &log,
-                              err)) < 0 ||
-      (r = target_read_sectors ("region size", &log, &region, err)) < 0)
+  if ((r = target_read_group ("log argument", 1 + disk, 2 + 2 * disk, false,
+                              &as, &log, err)) < 0)
+    return r;
+  if (disk)
+    log_dev = target_shift_arg (&log);
+  if ((r = target_read_sectors ("region size", &log, &region, err)) < 0)
     return r;
   region >>= MAPPER_SECTOR_SHIFT;
   if (region < 2 || !IS_POWER_OF_2 (region)) {
@@ -373,14 +412,19 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
   mirror_fence_init (m);
   ti->private = m;
 
-  if ((arg = target_shift_arg (&log)) != NULL) {
-    if (strcmp (arg, "sync") == 0)
+  while ((arg = target_shift_arg (&log)) != NULL) {
+    if (m->sync == SYNC_DEFAULT && !block_on_error &&
+        strcmp (arg, "sync") == 0)
       m->sync = SYNC_SYNC;
-    else if (strcmp (arg, "nosync") == 0)
+    else if (m->sync == SYNC_DEFAULT && !block_on_error &&
+             strcmp (arg, "nosync") == 0)
       m->sync = SYNC_NOSYNC;
+    else if (disk && !block_on_error && strcmp (arg, "block_on_error") == 0)
+      block_on_error = true;
     else {
-      mapper_err_set (err, "unrecognised log argument '%s' (expected sync "
-                      "or nosync)", arg);
+      mapper_err_set (err, "unrecognised log argument '%s' (expected %s)",
+                      arg, disk ? "[sync|nosync] [block_on_error]"
+                      : "sync or nosync");
       goto einval;
     }
   }
@@ -434,8 +478,8 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
       else {
         mapper_err_set (err, "unrecognised feature '%s'%s", arg,
                         strcmp (arg, "keep_log") == 0
-                        ? " (keep_log needs a disk log; only core is "
-                        "supported)" : " (expected handle_errors)");
+                        ? " (keep_log is not supported)"
+                        : " (expected handle_errors)");
         goto einval;
       }
     }
@@ -455,7 +499,11 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
     r = -ENOMEM;
     goto fail;
   }
-  if (m->sync == SYNC_NOSYNC) {
+  if (log_dev) {
+    if ((r = mirror_log_ctr (m, log_dev, block_on_error, err)) < 0)
+      goto fail;
+  }
+  else if (m->sync == SYNC_NOSYNC) {
     for (uint64_t i = 0; i < words; i++)
       atomic_init (&m->in_sync[i], UINT64_MAX);
     atomic_init (&m->nr_in_sync, m->nr_regions);
@@ -474,7 +522,19 @@ mirror_ctr (struct target *ti, unsigned argc, char **argv,
 static void
 mirror_resume (struct target *ti)
 {
+  mirror_log_resume (ti->private);
   mirror_resync_resume (ti->private);
+}
+
+/* dm's periodic clear of the regions whose writes are done, at each
+ * device flush: what a flush made durable on the legs may be clean in
+ * the log.
+ */
+static int
+mirror_flush (struct target *ti, struct io_req *req)
+{
+  mirror_log_clear_pass (ti->private);
+  return 0;
 }
 
 static void
@@ -492,6 +552,7 @@ mirror_dtr (struct target *ti)
     return;
   mirror_resync_suspend (m);
   mirror_fence_destroy (m);
+  mirror_log_free (m);
   free (m->in_sync);
   free (m);
 }
@@ -521,6 +582,7 @@ const struct target_type mirror_target = {
   .iterate_backends = mirror_iterate_backends,
   .resume = mirror_resume,
   .postsuspend = mirror_postsuspend,
+  .flush = mirror_flush,
   .flush_failed = mirror_flush_failed,
   .start = mirror_resync_start,
   .stop = mirror_resync_stop,
