@@ -374,7 +374,30 @@ log_words (uint64_t len, uint64_t region)
   if (opts.log == NULL || strcmp (opts.log, "core") == 0)
     return xasprintf ("core 2 %" PRIu64 " sync", region);
   /* dm's disk log: disk 3 LOGDEV REGION sync. */
-  return xasprintf ("disk 3 %s %" PRIu64 " sync", opts.log, region);
+  {
+    char *dev = dest_for_server (opts.log);
+    char *r = xasprintf ("disk 3 %s %" PRIu64 " sync", dev, region);
+    free (dev);
+    return r;
+  }
+}
+
+/* Are a move's log words (log_words) those of the live mirror (the
+ * server's spelling of the log device)?
+ */
+static bool
+same_log (const char *want, const char *have)
+{
+  char **a, **b;
+  size_t na = split_words (want, &a), nb = split_words (have, &b);
+  bool same = na == nb;
+
+  for (size_t i = 0; same && i < na; i++)
+    same = strcmp (a[i], b[i]) == 0 ||
+      (i == 2 && strcmp (a[0], "disk") == 0 && same_dev (a[i], b[i]));
+  free_words (a, na);
+  free_words (b, nb);
+  return same;
 }
 
 static uint64_t
@@ -606,10 +629,12 @@ resume_note (struct move *m)
               m->name);
   else
     snprintf (note, sizeof note, "%s stays on the mirror to %s, which the "
-              "server goes on copying (after a restart, from the start): "
-              "'nbdmsetup move --resume %s' finishes the move, 'nbdmsetup "
-              "move --abort %s' returns to the source",
-              m->name, m->dst, m->name, m->name);
+              "server goes on copying (after a restart, %s): 'nbdmsetup move "
+              "--resume %s' finishes the move, 'nbdmsetup move --abort %s' "
+              "returns to the source", m->name, m->dst,
+              m->n && m->segs[0].log && strncmp (m->segs[0].log, "disk ", 5)
+              == 0 ? "where its disk log says" : "from the start",
+              m->name, m->name);
   return note;
 }
 
@@ -863,7 +888,7 @@ run_move (struct conn *c, const struct verb *v, int argc, char **argv)
     if (m.mirror && (opts.given & (O_LOG | O_REGION_SIZE)))
       for (size_t i = 0; i < m.n; i++) {
         char *want = log_words (m.segs[i].len, region_sectors ());
-        if (strcmp (want, m.segs[i].log) != 0)
+        if (!same_log (want, m.segs[i].log))
           die ("move %s: the move under way has the log '%s' on line %zu, "
                "not '%s': 'nbdmsetup move --resume %s' goes on with it",
                m.name, m.segs[i].log, i + 1, want, m.name);

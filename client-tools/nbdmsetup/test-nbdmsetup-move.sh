@@ -12,7 +12,9 @@
 # source table with the writes made meanwhile; a device left suspended
 # in the last step (the tool killed there) is finished or aborted;
 # progress is a line updated in place on a terminal, plain lines
-# otherwise.  --method clone (dm-clone: reads of unhydrated regions from
+# otherwise.  --log FILE (dm's disk log): kill -9 of the server mid-copy,
+# restart, --resume with the same --log (another one refused).
+# --method clone (dm-clone: reads of unhydrated regions from
 # the source, writes to DEST only): interrupted, --abort refused (the
 # source misses the writes), kill -9 of the server, --resume; DEST is the
 # source plus the writes, and the source was never written.
@@ -25,7 +27,7 @@ requires cmp --version
 half=$((8 << 20))                  # each target: 8 MiB of its own file
 sectors=$((2 * half / 512))        # the device: 16 MiB
 mkdir "$tmpdir/dst" "$tmpdir/tables"
-for v in vol vint vkill vab vfin vfab vfail vcl; do
+for v in vol vint vkill vab vfin vfab vfail vcl vlog; do
     fill_random "$tmpdir/$v.a" $half 1$RANDOM
     fill_random "$tmpdir/$v.b" $half 2$RANDOM
     truncate -s $((2 * half)) "$tmpdir/dst/$v"
@@ -265,6 +267,32 @@ if script --version >/dev/null 2>&1; then
     moved vfab
     echo "terminal progress: ok"
 fi
+# --- --log FILE: dm's disk log ------------------------------------------------
+fill_random "$tmpdir/vlog.a" $((2 * half)) 3$RANDOM
+truncate -s 1M "$tmpdir/vlog.log"
+ms create vlog --table "0 $sectors linear $tmpdir/vlog.a 0"
+bg_move vlog "$(durl vlog)" --log "$tmpdir/vlog.log"
+partial vlog
+nbdsh -u "nbd+unix:///vlog?socket=$sock" -c "
+h.pwrite(bytes([177]) * 65536, 5 << 20)
+h.flush()"
+stop_server ctl KILL
+stopped vlog "server killed" "after a restart, where its disk log says.*move --resume vlog"
+start_server --stderr "$tmpdir/log4" ctl mapper tables="$tmpdir/tables"
+ms table vlog | grep -q " mirror disk 3 $tmpdir/vlog.log $rs sync 2 " ||
+    die "vlog: not on the disk log's mirror: $(ms table vlog)"
+echo "after the restart: $(progress vlog) regions in sync, total"
+fails "vlog: the move under way has the log 'disk 3 $tmpdir/vlog.log $rs sync' on line 1, not 'core 2 $rs sync'" \
+      ms move --resume --log core --region-size $rs vlog
+ms move --resume --log "$tmpdir/vlog.log" --region-size $rs vlog \
+   > "$tmpdir/vlog.out" 2>&1 || { cat "$tmpdir/vlog.out"; die "move --resume vlog"; }
+[ "$(ms table vlog)" = "0 $sectors linear $(durl vlog) 0" ] ||
+    die "vlog after the move: $(ms table vlog)"
+cmp "$tmpdir/vlog.a" "$tmpdir/dst/vlog" || die "vlog: DEST differs from the source"
+nbdsh -u "nbd+unix:///vlog?socket=$sock" -c "
+assert h.pread(65536, 5 << 20) == bytes([177]) * 65536" || die "vlog: the write"
+echo "move --log FILE vlog: ok"
+
 # --- --method clone -----------------------------------------------------------
 truncate -s 4M "$tmpdir/vcl.md"
 cp "$tmpdir/vcl.a" "$tmpdir/vcl.orig"
