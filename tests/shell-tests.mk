@@ -28,6 +28,7 @@ SHELL_TESTS = \
 	test-flakey.sh \
 	test-flakey-ext4.sh \
 	test-crypt.sh \
+	test-crypt-luks.sh \
 	test-remote-basic.sh \
 	test-remote-striped.sh \
 	test-remote-reconnect.sh \

@@ -516,6 +516,8 @@ xts_new (const unsigned char *key, size_t key_len, const char *mode,
   x->iv_offset = iv_offset;
   if (xts_init (x, &err) < 0)
     UNIT_FATAL ("xts_init: %s", err.msg);
+  /* The path under test is the one chosen. */
+  CHECK_EQ (x->vaes, !xts_openssl_only && xts_vaes_usable ());
   return x;
 }
 
@@ -563,6 +565,7 @@ test_xts_alone_one (const char *mode, size_t key_len, uint64_t ss,
     atomic_store (&x->slots[i].busy, false);
   xts_destroy (x);
   CHECK (unit_is_zero (x->key, sizeof x->key));   /* wiped */
+  CHECK (unit_is_zero (x->rk, sizeof x->rk));     /* the round keys too */
   CHECK (x->slots[0].ctx[XTS_CTX_ENC] == NULL);
   free (x);
   free (plain);
@@ -935,16 +938,26 @@ main (void)
                   "2 sector_size:1024 iv_large_sectors");
   test_roundtrip ("capi:xts(aes)-plain64", KEY512,
                   "2 sector_size:2048 allow_discards");
-  test_openssl_xts ();
-  test_xts_alone ();
-  test_zero_trim ("", 512);
-  test_zero_trim ("1 allow_discards", 512);
-  test_zero_trim ("2 allow_discards sector_size:4096", 4096);
-  test_concurrent_rmw ();
-  test_many_threads ("");
-  test_many_threads ("1 sector_size:4096");
+  /* Both transforms where the CPU runs VAES (crypt-xts-vaes.c): the
+   * data paths against OpenSSL's XTS, the transform alone, and its use
+   * from many threads; then OpenSSL's (batched ECB, or XTS per sector),
+   * which is all there is elsewhere.
+   */
+  for (int openssl = !xts_vaes_usable (); openssl <= 1; openssl++) {
+    xts_openssl_only = openssl;
+    printf ("test-unit-crypt: the %s transform\n",
+            openssl ? "OpenSSL" : "VAES");
+    test_openssl_xts ();
+    test_xts_alone ();
+    test_zero_trim ("", 512);
+    test_zero_trim ("1 allow_discards", 512);
+    test_zero_trim ("2 allow_discards sector_size:4096", 4096);
+    test_concurrent_rmw ();
+    test_many_threads ("");
+    test_many_threads ("1 sector_size:4096");
+    test_messages ();
+  }
   test_bounce ();
-  test_messages ();
   free (A);
   free (B);
   UNIT_EXIT ();

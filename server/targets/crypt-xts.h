@@ -9,10 +9,12 @@
 #ifndef NBDMAPPER_CRYPT_XTS_H
 #define NBDMAPPER_CRYPT_XTS_H
 
+#include <endian.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <openssl/evp.h>
 
@@ -21,8 +23,20 @@
 #define XTS_MAX_KEY 64          /* bytes: AES-256-XTS */
 #define XTS_MAX_SECTOR 4096
 #define XTS_SLOTS 64            /* cipher contexts per transform */
+#define XTS_IV_SIZE 16
+#define XTS_MAX_ROUNDS 14       /* AES-256 */
+
+/* The VAES transform (crypt-xts-vaes.c) is compiled on x86-64 with a
+ * compiler that has its intrinsics; it runs where the CPU has them.
+ */
+#if defined __x86_64__ && (defined __clang__ || __GNUC__ >= 10)
+#define XTS_HAVE_VAES 1
+#else
+#define XTS_HAVE_VAES 0
+#endif
 
 enum xts_iv_mode { XTS_IV_PLAIN, XTS_IV_PLAIN64, XTS_IV_PLAIN64BE };
+enum xts_rk { XTS_RK_ENC, XTS_RK_DEC, XTS_RK_TWEAK };
 
 /* The contexts of one slot, used by one thread at a time (busy).
  * Batched (small sectors): AES-ECB, padding off, K1 for the data and K2
@@ -47,6 +61,10 @@ struct crypt_xts {
   uint64_t iv_offset;                   /* 512-byte sectors */
 
   /* Set by xts_init. */
+  bool vaes;                    /* crypt-xts-vaes.c, no OpenSSL context */
+  unsigned rounds;              /* vaes: 10 or 14 */
+  /* vaes: round keys, K1 forward and inverse, K2 forward. */
+  unsigned char rk[3][XTS_MAX_ROUNDS + 1][16];
   bool batched;                 /* sector_size <= XTS_BATCH_MAX_SECTOR */
   unsigned sector_shift;        /* log2 (sector_size / 512) */
   EVP_CIPHER *cipher;           /* AES-*-ECB if batched, else AES-*-XTS */
@@ -68,5 +86,42 @@ void xts_destroy (struct crypt_xts *x);
  */
 int xts_convert (struct crypt_xts *x, bool enc, uint64_t off,
                  const char *in, char *out, uint64_t len);
+
+/* Tests: true makes xts_init choose OpenSSL even where VAES runs. */
+extern bool xts_openssl_only;
+
+/* The IV of the sector at target offset toff (bytes). */
+static inline void
+xts_iv (const struct crypt_xts *x, uint64_t toff, unsigned char *iv)
+{
+  uint64_t sector = (toff >> MAPPER_SECTOR_SHIFT) + x->iv_offset;
+
+  if (x->iv_large_sectors)
+    sector >>= x->sector_shift;
+  memset (iv, 0, XTS_IV_SIZE);
+  switch (x->iv_mode) {
+  case XTS_IV_PLAIN:
+    sector = htole64 (sector & 0xffffffff);
+    memcpy (iv, &sector, sizeof sector);
+    break;
+  case XTS_IV_PLAIN64:
+    sector = htole64 (sector);
+    memcpy (iv, &sector, sizeof sector);
+    break;
+  case XTS_IV_PLAIN64BE:
+    sector = htobe64 (sector);
+    memcpy (iv + XTS_IV_SIZE - sizeof sector, &sector, sizeof sector);
+    break;
+  }
+}
+
+/* crypt-xts-vaes.c: whether this CPU runs it; the round keys from
+ * x->key (sets rounds, rk); a conversion as xts_convert's, which cannot
+ * fail.
+ */
+bool xts_vaes_usable (void);
+void xts_vaes_keys (struct crypt_xts *x);
+void xts_vaes_convert (const struct crypt_xts *x, bool enc, uint64_t toff,
+                       const char *in, char *out, uint64_t len);
 
 #endif /* NBDMAPPER_CRYPT_XTS_H */
