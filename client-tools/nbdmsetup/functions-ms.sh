@@ -67,6 +67,39 @@ thin_pool ()
     ms message pool 0 create_thin 1
 }
 
+# ext4_fill MIB: mkfs.ext4 on $loop (fuse_attach's), mounted on
+# $tmpdir/mnt, with a file "big" of MIB MiB and 50 small files in d/.
+ext4_fill ()
+{
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
+    mount -t ext4 "$loop" "$tmpdir/mnt"
+    dd if=/dev/urandom of="$tmpdir/mnt/big" bs=1M count="$1" status=none
+    mkdir "$tmpdir/mnt/d"
+    local i
+    for i in $(seq 50); do
+        head -c $((i * 1337)) /dev/urandom > "$tmpdir/mnt/d/f$i"
+    done
+    sync
+}
+
+# ext4_writers NFILES [SYNC_EVERY]: writers on $tmpdir/mnt (files
+# load0..load{NFILES-1} rewritten in turn, each SYNC_EVERY-th synced)
+# until $tmpdir/stop exists; $load is their pid, and $tmpdir/writes
+# their count once they stopped.
+ext4_writers ()
+{
+    cat > "$tmpdir/load.sh" <<'EOS'
+i=0
+while [ ! -e "$1/stop" ]; do
+    head -c $(( (i % 7 + 1) * 40000 )) /dev/urandom > "$1/mnt/load$((i % $2))"
+    [ "$3" -eq 0 ] || [ $((i % $3)) -ne 0 ] || sync "$1/mnt/load$((i % $2))"
+    i=$((i + 1))
+done
+echo "$i" > "$1/writes"
+EOS
+    bash "$tmpdir/load.sh" "$tmpdir" "$1" "${2:-0}" & load=$!
+}
+
 # clone_hydrated NAME REGIONS: wait (at most 60 s) until the clone target
 # of NAME shows REGIONS/REGIONS hydrated; fail the test otherwise.
 clone_hydrated ()

@@ -10,9 +10,9 @@
 # why): test-nbdmsetup-completion.sh checks this is nbdmsetup's list.
 _nbdmsetup_verbs='version ls create load reload clear suspend resume
   replace remove remove_all wipe_table rename info deps table status
-  message targets target-version wait stats clients batch help'
+  message targets target-version wait stats clients move batch help'
 # Options that take a value (the next word is not a command or NAME).
-_nbdmsetup_valued='-a|--connect|-k|--key|-o|--options|-O|--sort|-u|--uuid|--separator|--target|--table|--timeout|--region'
+_nbdmsetup_valued='-a|--connect|-k|--key|-o|--options|-O|--sort|-u|--uuid|--separator|--target|--table|--timeout|--region|--method|--log|--metadata|--region-size'
 _nbdmsetup_global='-a --connect -k --key --json -v --verbose -y --yes
   --timeout -h --help -V --version --'
 _nbdmsetup_fields='name uuid attr tables_loaded suspended readonly open
@@ -37,6 +37,8 @@ _nbdmsetup_verb_opts ()
         wait) echo "--noflush -u --uuid" ;;
         stats) echo "--clear --region --prometheus -u --uuid" ;;
         clients) echo "-u --uuid" ;;
+        move) echo "--resume --abort --method --log --metadata --region-size
+                    -u --uuid" ;;
         help) echo "-c -C --columns" ;;
         clear|resume|wipe_table|rename|message) echo "-u --uuid" ;;
     esac
@@ -97,7 +99,18 @@ _nbdmsetup ()
     case "$prev" in
         -k|--key) compopt -o filenames 2>/dev/null
             mapfile -t COMPREPLY < <(compgen -f -- "$cur"); return 0 ;;
-        -a|--connect|--table|--timeout|--separator|--region) return 0 ;;
+        -a|--connect|--table|--timeout|--separator|--region|--region-size)
+            return 0 ;;
+        --method)
+            mapfile -t COMPREPLY < <(compgen -W "mirror clone" -- "$cur")
+            return 0 ;;
+        --log|--metadata)
+            # --log: core, or a disk log's device.
+            compopt -o filenames 2>/dev/null
+            mapfile -t COMPREPLY < <(compgen -f -- "$cur")
+            [ "$prev" = --metadata ] ||
+                mapfile -t -O "${#COMPREPLY[@]}" COMPREPLY < <(compgen -W core -- "$cur")
+            return 0 ;;
         --target)
             _nbdmsetup_add_lines < <(_nbdmsetup_query targets | awk '{print $1}')
             return 0 ;;
@@ -134,7 +147,7 @@ _nbdmsetup ()
     case "$verb:$nargs" in
         create:0|rename:1|message:*|version:*|targets:*|remove_all:*|help:*|ls:*)
             ;;
-        create:1|load:1|reload:1|replace:1|batch:0)
+        create:1|load:1|reload:1|replace:1|batch:0|move:1)
             compopt -o filenames 2>/dev/null
             mapfile -t COMPREPLY < <(compgen -f -- "$cur") ;;
         target-version:*)

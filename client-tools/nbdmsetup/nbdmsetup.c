@@ -93,6 +93,13 @@ usage (FILE *fp, int status)
 "                                   I/O statistics (dmstats report)\n"
 "  clients [NAME]                   client connections (of NAME)\n"
 "  wait NAME [EVENT_NR] [--timeout S]  (S: how long to wait for the event)\n"
+"  move [--method mirror|clone] [--log core|FILE] [--metadata FILE]\n"
+"       [--region-size SECTORS] NAME DEST\n"
+"                                   move NAME's data to DEST while in use\n"
+"                                   (a mirror or clone, then a linear table\n"
+"                                   on DEST)\n"
+"  move --resume NAME [DEST]        go on with an interrupted move\n"
+"  move --abort NAME                back to the source (mirror only)\n"
 "  batch [FILE]                     commands from FILE (default standard\n"
 "                                   input), one per line, one connection\n"
 "  help [-c]                        this help (-c: the info -c fields)\n"
@@ -388,17 +395,18 @@ die_table_error (unsigned cmd, const char *name, const char *msg)
 }
 
 /* Send one request with flags; return the response payload (malloc'd,
- * NUL-ended).  A server-side error is printed and exits 1.
+ * NUL-ended) and its status in *status, whatever it is: the caller
+ * deals with a server-side error (move waits with a timeout, and says
+ * what a refusal left unchanged).  Transport failures still exit 1.
  */
 char *
-call_flags (struct conn *c, unsigned cmd, uint32_t flags, unsigned nargs,
-            const char *const *args)
+call_status (struct conn *c, unsigned cmd, uint32_t flags, unsigned nargs,
+             const char *const *args, uint16_t *status)
 {
   static uint64_t seq;
   char errmsg[256];
   uint8_t *msg, *rsp;
   size_t len;
-  uint16_t status;
   uint32_t total;
   char *payload;
   int64_t cookie;
@@ -423,11 +431,24 @@ call_flags (struct conn *c, unsigned cmd, uint32_t flags, unsigned nargs,
   if (cookie == -1)
     die ("%s: executing the request: %s", c->who, nbd_get_error ());
   await (c, cookie, "waiting for the server to execute the request");
-  rsp = read_response (c, false, &status, &total);
+  rsp = read_response (c, false, status, &total);
   payload = strdup ((char *) rsp + PROTO_RSP_HDR);
   free (rsp);
   if (payload == NULL)
     die ("out of memory");
+  return payload;
+}
+
+/* Send one request with flags; return the response payload (malloc'd,
+ * NUL-ended).  A server-side error is printed and exits 1.
+ */
+char *
+call_flags (struct conn *c, unsigned cmd, uint32_t flags, unsigned nargs,
+            const char *const *args)
+{
+  uint16_t status;
+  char *payload = call_status (c, cmd, flags, nargs, args, &status);
+
   if (status != PROTO_OK) {
     if (*payload == '\0')
       die ("%s", proto_status_name (status));
@@ -747,6 +768,7 @@ enum {
   OPT_NOFLUSH = 256, OPT_INACTIVE, OPT_SHOWKEYS, OPT_TABLE, OPT_TIMEOUT,
   OPT_BACKENDS, OPT_NOHEADINGS, OPT_SEPARATOR, OPT_TARGET, OPT_TREE,
   OPT_NAMEPREFIXES, OPT_JSON, OPT_CLEAR, OPT_PROMETHEUS, OPT_REGION,
+  OPT_RESUME, OPT_ABORT, OPT_LOG, OPT_REGION_SIZE, OPT_METHOD, OPT_METADATA,
   OPT_IGNORED,                  /* dmsetup's, nothing to do here */
   OPT_NOT_HERE,                 /* dmsetup's, cannot apply here */
 };
@@ -800,7 +822,7 @@ static const struct { char letter; const char *name; } dmsetup_short[] = {
 
 #define SHORT_OPTS "a:cCfhk:no:O:ru:vyVj:m:U:G:M:S:"
 #define NR_DMSETUP_OPTS (sizeof dmsetup_opts / sizeof dmsetup_opts[0])
-static struct option long_opts[32 + NR_DMSETUP_OPTS] = {
+static struct option long_opts[40 + NR_DMSETUP_OPTS] = {
   { "connect", required_argument, NULL, 'a' },
   { "key", required_argument, NULL, 'k' },
   { "json", no_argument, NULL, OPT_JSON },
@@ -829,6 +851,12 @@ static struct option long_opts[32 + NR_DMSETUP_OPTS] = {
   { "clear", no_argument, NULL, OPT_CLEAR },
   { "prometheus", no_argument, NULL, OPT_PROMETHEUS },
   { "region", required_argument, NULL, OPT_REGION },
+  { "resume", no_argument, NULL, OPT_RESUME },
+  { "abort", no_argument, NULL, OPT_ABORT },
+  { "log", required_argument, NULL, OPT_LOG },
+  { "region-size", required_argument, NULL, OPT_REGION_SIZE },
+  { "method", required_argument, NULL, OPT_METHOD },
+  { "metadata", required_argument, NULL, OPT_METADATA },
   /* dmsetup_opts are added after these by init_long_opts. */
 };
 
@@ -955,6 +983,15 @@ parse_options (int argc, char *argv[], bool batch_line)
     case OPT_CLEAR: opts.given |= O_CLEAR; opts.flags |= PROTO_F_CLEAR; break;
     case OPT_PROMETHEUS: opts.given |= O_PROMETHEUS; break;
     case OPT_REGION: opts.given |= O_REGION; opts.region = optarg; break;
+    case OPT_RESUME: opts.given |= O_RESUME; break;
+    case OPT_ABORT: opts.given |= O_ABORT; break;
+    case OPT_LOG: opts.given |= O_LOG; opts.log = optarg; break;
+    case OPT_REGION_SIZE:
+      opts.given |= O_REGION_SIZE;
+      opts.region_size = optarg;
+      break;
+    case OPT_METHOD: opts.given |= O_METHOD; opts.method = optarg; break;
+    case OPT_METADATA: opts.given |= O_METADATA; opts.metadata = optarg; break;
     case OPT_IGNORED: break;
     case OPT_NOT_HERE:
       die ("--%s: %s", long_opts[longindex].name,
@@ -1530,6 +1567,8 @@ static const struct verb verbs[] = {
   VERB ("stats", PROTO_CMD_STATS, 0, 1, O_CLEAR | O_PROMETHEUS | O_REGION,
         true, run_stats),
   VERB ("clients", PROTO_CMD_CLIENTS, 0, 1, 0, true, run_clients),
+  VERB ("move", PROTO_CMD_REPLACE, 1, 2, O_RESUME | O_ABORT | O_LOG |
+        O_REGION_SIZE | O_METHOD | O_METADATA, true, run_move),
   LOCAL_VERB ("help", 0, 0, O_COLUMNS, run_help),
   NOT_HERE ("mknodes", "nbdmapper devices are NBD exports, not /dev/mapper "
             "nodes: an NBD client (nbd-client, qemu-nbd -c) makes a node"),
@@ -1564,6 +1603,9 @@ static const struct { unsigned bit; const char *name; } opt_names[] = {
   { O_TREE, "--tree" }, { O_SORT, "--sort" },
   { O_NAMEPREFIXES, "--nameprefixes" }, { O_CLEAR, "--clear" },
   { O_PROMETHEUS, "--prometheus" }, { O_REGION, "--region" },
+  { O_RESUME, "--resume" }, { O_ABORT, "--abort" }, { O_LOG, "--log" },
+  { O_REGION_SIZE, "--region-size" }, { O_METHOD, "--method" },
+  { O_METADATA, "--metadata" },
 };
 
 /* The options that belong to other verbs: given to this one, they

@@ -27,6 +27,10 @@ struct options {
   int verbose;                  /* -v */
   double timeout;               /* --timeout, or -1 */
   const char *region;           /* stats --region ID */
+  const char *log;              /* move --log core|FILE */
+  const char *region_size;      /* move --region-size SECTORS */
+  const char *method;           /* move --method mirror|clone */
+  const char *metadata;         /* move --metadata FILE (clone) */
 };
 extern struct options opts;
 /* Options that belong to some verbs only (struct verb's opts). */
@@ -37,7 +41,9 @@ enum {
   O_COLUMNS = 1 << 9, O_OPTIONS = 1 << 10, O_NOHEADINGS = 1 << 11,
   O_SEPARATOR = 1 << 12, O_TARGET = 1 << 13, O_TREE = 1 << 14,
   O_SORT = 1 << 15, O_NAMEPREFIXES = 1 << 16, O_CLEAR = 1 << 17,
-  O_PROMETHEUS = 1 << 18, O_REGION = 1 << 19,
+  O_PROMETHEUS = 1 << 18, O_REGION = 1 << 19, O_RESUME = 1 << 20,
+  O_ABORT = 1 << 21, O_LOG = 1 << 22, O_REGION_SIZE = 1 << 23,
+  O_METHOD = 1 << 24, O_METADATA = 1 << 25,
 };
 /* One line per verb (verbs[] in nbdmsetup.c): what it sends,
  * its arguments (NAME included), the options of its own (the others are
@@ -73,6 +79,12 @@ char *call_flags (struct conn *c, unsigned cmd, uint32_t flags,
                   unsigned nargs, const char *const *args);
 char *call (struct conn *c, unsigned cmd, unsigned nargs,
             const char *const *args);
+/* The same, returning the server's status instead of exiting on an
+ * error (the payload is then its message).
+ */
+char *call_status (struct conn *c, unsigned cmd, uint32_t flags,
+                   unsigned nargs, const char *const *args,
+                   uint16_t *status);
 void json_string (const char *s);
 /* Split payload into lines of tab-separated fields (in place). */
 #define MAX_FIELDS 24          /* stats' region rows have 22 */
@@ -94,5 +106,8 @@ void verbose_info (struct conn *c, const char *name);
 void print_field_help (void);           /* info -c -o help, help -c */
 /* Is line ("START LENGTH TYPE ...") a target of type type? */
 bool line_has_target (const char *line, const char *type);
+
+/* move.c */
+verb_fn run_move;
 
 #endif /* NBDMSETUP_H */

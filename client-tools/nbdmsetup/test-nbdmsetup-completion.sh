@@ -61,6 +61,10 @@ is "--clear" stats --cle
 is "--prometheus" stats --prom
 is "--region" stats d1 --reg
 is "-r" create x -r
+is "--resume" move x --res
+is "--region-size" move x --region-
+is "clone" move --method cl
+is "core" move x --log co
 comp table - | grep -qx -- --showkeys || die "table -: no --showkeys"
 comp table - | grep -qx -- --json || die "table -: no --json"
 ! comp table - | grep -qx -- --force || die "table -: --force"
@@ -76,6 +80,8 @@ echo "0 8 zero" > "$tmpdir/tab.table"
 is "$tmpdir/tab.table" load d1 "$tmpdir/ta"
 is "$tmpdir/tab.table" create d1 "$tmpdir/ta"
 is "$tmpdir/tab.table" batch "$tmpdir/ta"
+is "$tmpdir/tab.table" move d1 "$tmpdir/ta"          # DEST: a file
+is "$tmpdir/tab.table" move --metadata "$tmpdir/ta"
 is "" create ""
 is "" -a ""
 
@@ -95,6 +101,7 @@ e2
 sp\ ace
 tab' info ""
 is "d1" remove -f d
+is "d1" move --resume d
 is 'sp\ ace' table s
 is "U-1" info -u U
 is "linear" ls --target li

@@ -24,24 +24,8 @@ cleanup_fn fuse_detach
 cleanup_fn 'umount "$tmpdir/snap" 2>/dev/null; [ ! -s "$tmpdir/snaploop" ] || losetup -d "$(cat "$tmpdir/snaploop")" 2>/dev/null || :'
 
 fuse_attach "nbd+unix:///t1?socket=$sock" || die "nbdfuse did not come up"
-mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
-mount -t ext4 "$loop" "$tmpdir/mnt"
-dd if=/dev/urandom of="$tmpdir/mnt/big" bs=1M count=16 status=none
-mkdir "$tmpdir/mnt/d"
-for i in $(seq 50); do
-    head -c $((i * 1337)) /dev/urandom > "$tmpdir/mnt/d/f$i"
-done
-sync
-
-# Writers, until told to stop.
-cat > "$tmpdir/load.sh" <<'EOS'
-i=0
-while [ ! -e "$1/stop" ]; do
-    head -c $(( (i % 7 + 1) * 40000 )) /dev/urandom > "$1/mnt/load$((i % 20))"
-    i=$((i + 1))
-done
-EOS
-bash "$tmpdir/load.sh" "$tmpdir" & load=$!
+ext4_fill 16
+ext4_writers 20                 # until told to stop
 sleep 1
 
 sums () { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
