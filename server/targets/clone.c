@@ -167,6 +167,8 @@ clone_commit (struct clone_state *s, struct clone_c *c)
 
   pthread_mutex_lock (&s->commit_lock);
   pthread_mutex_lock (&s->lock);
+  /* Even when failed: worker 0 commits when this is a period old. */
+  s->last_commit_ns = monotonic_ns ();
   if (s->failed) {
     pthread_mutex_unlock (&s->lock);
     pthread_mutex_unlock (&s->commit_lock);
@@ -177,7 +179,6 @@ clone_commit (struct clone_state *s, struct clone_c *c)
     s->dirty[w] = 0;
     any |= s->commit_words[w] != 0;
   }
-  s->last_commit_ns = monotonic_ns ();
   pthread_mutex_unlock (&s->lock);
   if (!any)
     goto out;
