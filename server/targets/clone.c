@@ -140,21 +140,6 @@ mark_hydrated_locked (struct clone_state *s, uint64_t r, uint64_t n)
     }
 }
 
-static void
-set_failed (struct clone_state *s, struct clone_c *c, const char *what,
-            const char *why)
-{
-  bool was;
-
-  pthread_mutex_lock (&s->lock);
-  was = s->failed;
-  s->failed = true;
-  pthread_mutex_unlock (&s->lock);
-  if (was)
-    return;
-  target_event (c->ti, "%s failed: %s: switching to fail mode", what, why);
-}
-
 /* dm's commit_metadata: take what was hydrated so far, flush c's
  * destination, commit those bits.  0, or -EIO with the state failed.
  */
@@ -162,7 +147,7 @@ static int
 clone_commit (struct clone_state *s, struct clone_c *c)
 {
   char err[PD_ERR_LEN] = "";
-  bool any = false;
+  bool any = false, was;
   int r = 0;
 
   pthread_mutex_lock (&s->commit_lock);
@@ -205,9 +190,17 @@ clone_commit (struct clone_state *s, struct clone_c *c)
  failed:
   /* Those regions stay hydrated in core (their data is on the
    * destination, or lost with the flush), but nothing more is committed.
+   * Failed before commit_lock goes: a commit waiting for it would find
+   * dirty empty (its bits were in this one) and report success.
    */
+  pthread_mutex_lock (&s->lock);
+  was = s->failed;
+  s->failed = true;
+  pthread_mutex_unlock (&s->lock);
   pthread_mutex_unlock (&s->commit_lock);
-  set_failed (s, c, "metadata commit", *err ? err : mapper_strerror (-r));
+  if (!was)
+    target_event (c->ti, "metadata commit failed: %s: switching to fail "
+                  "mode", *err ? err : mapper_strerror (-r));
   return -EIO;
 }
 
