@@ -76,6 +76,7 @@ struct clone_state {
   uint64_t *cmap;                 /* hydrated at the last commit */
   uint64_t *busy;                 /* being copied or overwritten */
   uint64_t *dirty;                /* hydrated since the last pre-commit */
+  uint64_t nr_dirty;              /* bits set in dirty */
   uint64_t nr_hydrated;
   unsigned hydrating;             /* regions the workers copy now */
   uint64_t cursor;                /* where the workers look next */
@@ -136,6 +137,7 @@ mark_hydrated_locked (struct clone_state *s, uint64_t r, uint64_t n)
     if (!bit_test (s->map, i)) {
       bit_set (s->map, i);
       bit_set (s->dirty, i);
+      s->nr_dirty++;
       s->nr_hydrated++;
     }
 }
@@ -159,11 +161,15 @@ clone_commit (struct clone_state *s, struct clone_c *c)
     pthread_mutex_unlock (&s->commit_lock);
     return -EIO;
   }
-  for (uint64_t w = 0; w < s->nr_words; w++) {
+  /* Not a scan of the whole bitmap under the lock for every flush of a
+   * clone that hydrated nothing since.
+   */
+  any = s->nr_dirty != 0;
+  for (uint64_t w = 0; any && w < s->nr_words; w++) {
     s->commit_words[w] = s->dirty[w];
     s->dirty[w] = 0;
-    any |= s->commit_words[w] != 0;
   }
+  s->nr_dirty = 0;
   pthread_mutex_unlock (&s->lock);
   if (!any)
     goto out;
