@@ -1029,6 +1029,12 @@ clone_map (struct target *ti, struct io_req *req, uint64_t off, uint64_t len,
    */
   first = off / rb;
   last = (end - 1) / rb;
+  /* All hydrated (the map only gains bits, each once its region's copy
+   * or overwrite completed): the destination's, without the lock.  A FUA
+   * one may still need its regions committed (below).
+   */
+  if (!fua && range_in (s->map, first, last - first + 1))
+    return io_emit (req, c->dest_be, off, len, buf);
   if (off % rb && (e = hydrate_region (c, first)) < 0)
     return e;
   if (end % rb && end != s->len && (last != first || off % rb == 0) &&
