@@ -430,18 +430,27 @@ clone_worker (void *arg)
 static void
 stop_workers (struct clone_state *s)
 {
+  pthread_t ws[CLONE_WORKERS];
   unsigned n;
 
+  /* workers[] cleared before the joins free those ids: a thread started
+   * for another state may get one again, and must not find itself here
+   * (find_my_state; one still looking finds nothing and exits).
+   */
+  pthread_mutex_lock (&states_lock);
   pthread_mutex_lock (&s->lock);
   n = s->nr_workers;
+  memcpy (ws, s->workers, sizeof ws);
+  memset (s->workers, 0, sizeof s->workers);
+  s->nr_workers = 0;
   s->stop = true;
   atomic_store (&s->cancel, true);
   pthread_cond_broadcast (&s->cond);
   pthread_mutex_unlock (&s->lock);
+  pthread_mutex_unlock (&states_lock);
   for (unsigned i = 0; i < n; i++)
-    pthread_join (s->workers[i], NULL);
+    pthread_join (ws[i], NULL);
   pthread_mutex_lock (&s->lock);
-  s->nr_workers = 0;
   s->stop = false;
   atomic_store (&s->cancel, false);
   pthread_mutex_unlock (&s->lock);
