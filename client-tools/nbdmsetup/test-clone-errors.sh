@@ -10,7 +10,9 @@
 # (punching the destination) unless no_discard_passdown.  A metadata
 # device that fails: the flush whose commit fails and every later one
 # fail with EIO, so do writes, status says Fail (an event), and the
-# failed clone's threads sleep (no commit retried in a loop).
+# failed clone's threads sleep (no commit retried in a loop).  Two
+# clones suspended and resumed in turn: each one's new workers are its
+# own (a joined worker's thread id, reused, finds no suspended clone).
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires du --version
@@ -197,4 +199,26 @@ t0=$(ticks); sleep 2; t1=$(ticks)
 [ $((t1 - t0)) -lt 50 ] || die "a failed clone's threads busy: $((t1 - t0)) ticks in 2 s"
 ms remove c
 ms remove meta
+
+# Two clones, suspended and resumed in turn: a worker started for one
+# must not take itself for a worker of the other, suspended (its table
+# unbound: the server crashed).
+for x in a b; do
+    mkfile md$x.img 1M > /dev/null
+    mkfile dest$x.img 4M > /dev/null
+    ms create $x --table "$t $tmpdir/md$x.img $tmpdir/dest$x.img $src 8 1 no_hydration"
+done
+pid=$(cat "$tmpdir/ctl.pid")
+for (( i = 0; i < 20; i++ )); do
+    ms suspend a
+    ms suspend b
+    ms resume a
+    ms resume b
+done
+sleep 1.2                       # past worker 0's periodic commit
+kill -0 "$pid" || die "the server died"
+nw=$(grep -lx mapper-clone /proc/"$pid"/task/*/comm | wc -l)
+[ "$nw" -eq 8 ] || die "two unhydrated clones run $nw mapper-clone threads, not 8"
+ms remove a
+ms remove b
 echo "$0: ok"
