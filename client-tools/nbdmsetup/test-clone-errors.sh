@@ -7,7 +7,12 @@
 # geometry are refused naming the block or the field, and are not
 # written; the messages change what status shows, bad ones are refused;
 # discards mark whole regions hydrated without a copy and pass down
-# (punching the destination) unless no_discard_passdown.
+# (punching the destination) unless no_discard_passdown.  A metadata
+# device that fails: the flush whose commit fails and every later one
+# fail with EIO, so do writes, status says Fail (an event), and the
+# failed clone's threads sleep (no commit retried in a loop).  Two
+# clones suspended and resumed in turn: each one's new workers are its
+# own (a joined worker's thread id, reused, finds no suspended clone).
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires du --version
@@ -154,4 +159,66 @@ ms status c | grep -q ' 8 256/1024 0 2 no_hydration no_discard_passdown 4 ' ||
     die "no_discard_passdown: $(ms status c)"
 cmp "$dest" "$src" || die "no_discard_passdown: the destination was trimmed"
 ms remove c
+
+# The metadata device fails (mapper:meta replaced with an error table).
+md2=$(mkfile md2.img 1M)
+ms create meta --table "0 2048 linear $md2 0"
+ms create c --table "$t mapper:meta $dest $src 8 1 no_hydration"
+uri="nbd+unix:///c?socket=$sock"
+nbdsh -u "$uri" -c 'h.pwrite(b"\1" * 4096, 4096 * 7); h.flush()'
+e=$(ev c)
+ms replace meta --table "0 2048 error"
+nbdsh -u "$uri" -c '
+import errno
+h.pwrite(b"\2" * 100, 4096 * 9 + 5)    # region 9 hydrated, not committed
+for i in range(2):
+    try:
+        h.flush()
+        assert False, "a flush reported durable after the commit failed"
+    except nbd.Error as e:
+        assert e.errnum == errno.EIO, e
+try:
+    h.pwrite(b"\3" * 4096, 4096 * 7)
+    assert False, "a write worked on a failed clone"
+except nbd.Error as e:
+    assert e.errnum == errno.EIO, e
+' || die "failed metadata commit"
+ms status c | grep -q ' clone Fail$' || die "status after the failed commit: $(ms status c)"
+[ "$(ev c)" -gt "$e" ] || die "no event for fail mode"
+# CPU time (clock ticks) of the clone's threads: they sleep.
+ticks ()
+{
+    local t sum=0
+    for t in /proc/"$(cat "$tmpdir/ctl.pid")"/task/*; do
+        grep -qx mapper-clone "$t/comm" 2>/dev/null || continue
+        sum=$((sum + $(sed 's/.*) //' "$t/stat" | awk '{ print $12 + $13 }')))
+    done
+    echo "$sum"
+}
+t0=$(ticks); sleep 2; t1=$(ticks)
+[ $((t1 - t0)) -lt 50 ] || die "a failed clone's threads busy: $((t1 - t0)) ticks in 2 s"
+ms remove c
+ms remove meta
+
+# Two clones, suspended and resumed in turn: a worker started for one
+# must not take itself for a worker of the other, suspended (its table
+# unbound: the server crashed).
+for x in a b; do
+    mkfile md$x.img 1M > /dev/null
+    mkfile dest$x.img 4M > /dev/null
+    ms create $x --table "$t $tmpdir/md$x.img $tmpdir/dest$x.img $src 8 1 no_hydration"
+done
+pid=$(cat "$tmpdir/ctl.pid")
+for (( i = 0; i < 20; i++ )); do
+    ms suspend a
+    ms suspend b
+    ms resume a
+    ms resume b
+done
+sleep 1.2                       # past worker 0's periodic commit
+kill -0 "$pid" || die "the server died"
+nw=$(grep -lx mapper-clone /proc/"$pid"/task/*/comm | wc -l)
+[ "$nw" -eq 8 ] || die "two unhydrated clones run $nw mapper-clone threads, not 8"
+ms remove a
+ms remove b
 echo "$0: ok"

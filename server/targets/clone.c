@@ -76,6 +76,7 @@ struct clone_state {
   uint64_t *cmap;                 /* hydrated at the last commit */
   uint64_t *busy;                 /* being copied or overwritten */
   uint64_t *dirty;                /* hydrated since the last pre-commit */
+  uint64_t nr_dirty;              /* bits set in dirty */
   uint64_t nr_hydrated;
   unsigned hydrating;             /* regions the workers copy now */
   uint64_t cursor;                /* where the workers look next */
@@ -136,23 +137,9 @@ mark_hydrated_locked (struct clone_state *s, uint64_t r, uint64_t n)
     if (!bit_test (s->map, i)) {
       bit_set (s->map, i);
       bit_set (s->dirty, i);
+      s->nr_dirty++;
       s->nr_hydrated++;
     }
-}
-
-static void
-set_failed (struct clone_state *s, struct clone_c *c, const char *what,
-            const char *why)
-{
-  bool was;
-
-  pthread_mutex_lock (&s->lock);
-  was = s->failed;
-  s->failed = true;
-  pthread_mutex_unlock (&s->lock);
-  if (was)
-    return;
-  target_event (c->ti, "%s failed: %s: switching to fail mode", what, why);
 }
 
 /* dm's commit_metadata: take what was hydrated so far, flush c's
@@ -162,22 +149,27 @@ static int
 clone_commit (struct clone_state *s, struct clone_c *c)
 {
   char err[PD_ERR_LEN] = "";
-  bool any = false;
+  bool any = false, was;
   int r = 0;
 
   pthread_mutex_lock (&s->commit_lock);
   pthread_mutex_lock (&s->lock);
+  /* Even when failed: worker 0 commits when this is a period old. */
+  s->last_commit_ns = monotonic_ns ();
   if (s->failed) {
     pthread_mutex_unlock (&s->lock);
     pthread_mutex_unlock (&s->commit_lock);
     return -EIO;
   }
-  for (uint64_t w = 0; w < s->nr_words; w++) {
+  /* Not a scan of the whole bitmap under the lock for every flush of a
+   * clone that hydrated nothing since.
+   */
+  any = s->nr_dirty != 0;
+  for (uint64_t w = 0; any && w < s->nr_words; w++) {
     s->commit_words[w] = s->dirty[w];
     s->dirty[w] = 0;
-    any |= s->commit_words[w] != 0;
   }
-  s->last_commit_ns = monotonic_ns ();
+  s->nr_dirty = 0;
   pthread_mutex_unlock (&s->lock);
   if (!any)
     goto out;
@@ -204,9 +196,17 @@ clone_commit (struct clone_state *s, struct clone_c *c)
  failed:
   /* Those regions stay hydrated in core (their data is on the
    * destination, or lost with the flush), but nothing more is committed.
+   * Failed before commit_lock goes: a commit waiting for it would find
+   * dirty empty (its bits were in this one) and report success.
    */
+  pthread_mutex_lock (&s->lock);
+  was = s->failed;
+  s->failed = true;
+  pthread_mutex_unlock (&s->lock);
   pthread_mutex_unlock (&s->commit_lock);
-  set_failed (s, c, "metadata commit", *err ? err : mapper_strerror (-r));
+  if (!was)
+    target_event (c->ti, "metadata commit failed: %s: switching to fail "
+                  "mode", *err ? err : mapper_strerror (-r));
   return -EIO;
 }
 
@@ -430,18 +430,27 @@ clone_worker (void *arg)
 static void
 stop_workers (struct clone_state *s)
 {
+  pthread_t ws[CLONE_WORKERS];
   unsigned n;
 
+  /* workers[] cleared before the joins free those ids: a thread started
+   * for another state may get one again, and must not find itself here
+   * (find_my_state; one still looking finds nothing and exits).
+   */
+  pthread_mutex_lock (&states_lock);
   pthread_mutex_lock (&s->lock);
   n = s->nr_workers;
+  memcpy (ws, s->workers, sizeof ws);
+  memset (s->workers, 0, sizeof s->workers);
+  s->nr_workers = 0;
   s->stop = true;
   atomic_store (&s->cancel, true);
   pthread_cond_broadcast (&s->cond);
   pthread_mutex_unlock (&s->lock);
+  pthread_mutex_unlock (&states_lock);
   for (unsigned i = 0; i < n; i++)
-    pthread_join (s->workers[i], NULL);
+    pthread_join (ws[i], NULL);
   pthread_mutex_lock (&s->lock);
-  s->nr_workers = 0;
   s->stop = false;
   atomic_store (&s->cancel, false);
   pthread_mutex_unlock (&s->lock);
@@ -1029,6 +1038,12 @@ clone_map (struct target *ti, struct io_req *req, uint64_t off, uint64_t len,
    */
   first = off / rb;
   last = (end - 1) / rb;
+  /* All hydrated (the map only gains bits, each once its region's copy
+   * or overwrite completed): the destination's, without the lock.  A FUA
+   * one may still need its regions committed (below).
+   */
+  if (!fua && range_in (s->map, first, last - first + 1))
+    return io_emit (req, c->dest_be, off, len, buf);
   if (off % rb && (e = hydrate_region (c, first)) < 0)
     return e;
   if (end % rb && end != s->len && (last != first || off % rb == 0) &&
