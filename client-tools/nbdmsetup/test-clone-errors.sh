@@ -197,6 +197,17 @@ ticks ()
 }
 t0=$(ticks); sleep 2; t1=$(ticks)
 [ $((t1 - t0)) -lt 50 ] || die "a failed clone's threads busy: $((t1 - t0)) ticks in 2 s"
+# The metadata device works again: a reload leaves fail mode, at the
+# last commit (region 7 hydrated; region 9's write was never flushed).
+ms replace meta --table "0 2048 linear $md2 0"
+ms reload c --table "$t mapper:meta $dest $src 8 1 no_hydration"
+ms resume c
+ms status c | grep -q ' 8 [0-9]*/256 8 1/1024 0 1 no_hydration ' ||
+    die "status after a reload of the failed clone: $(ms status c)"
+nbdsh -u "$uri" -c 'h.pwrite(b"\4" * 4096, 4096 * 11); h.flush()' ||
+    die "the reloaded clone still fails"
+ms status c | grep -q ' 8 [0-9]*/256 8 2/1024 0 1 no_hydration ' ||
+    die "status after a write to the reloaded clone: $(ms status c)"
 ms remove c
 ms remove meta
 

@@ -290,9 +290,12 @@ report_done_locked (struct clone_state *s, struct clone_c *c)
   if (s->nr_hydrated == s->nr_regions && !s->done_reported) {
     s->done_reported = true;
     pthread_mutex_unlock (&s->lock);
-    clone_commit (s, c);
-    target_event (c->ti, "hydration complete: %" PRIu64 " regions",
-                  s->nr_regions);
+    /* Complete only once committed: a failed commit raised its own
+     * event (fail mode).
+     */
+    if (clone_commit (s, c) == 0)
+      target_event (c->ti, "hydration complete: %" PRIu64 " regions",
+                    s->nr_regions);
     pthread_mutex_lock (&s->lock);
   }
 }
@@ -614,8 +617,13 @@ state_get (struct clone_c *c, uint64_t md_size, struct mapper_err *err)
   pthread_condattr_t ca;
   int r;
 
+  /* A failed state is not shared: a reload reopens the metadata at its
+   * last commit (as dm's new clone does), which is how a clone leaves
+   * fail mode once its metadata device works again.  The failed state
+   * writes nothing more and goes with its last table.
+   */
   for (s = states; s; s = s->next)
-    if (s->md_be == c->md_be) {
+    if (s->md_be == c->md_be && !atomic_load (&s->failed)) {
       if (s->region_sectors != c->region_sectors ||
           s->len != c->ti->len) {
         mapper_err_set (err, "metadata device %s is in use by a clone of "
