@@ -52,8 +52,10 @@ ln -s "$NBDMSETUP" "$bin/nbdmsetup"
 # Under a sanitizer build (NBDMAPPER_PLUGIN_ENV set) a server of ours
 # that would daemonise runs in the foreground, in the background of the
 # wrapper, as start_server runs it: a daemon has no stderr for a report
-# and its exit status (99 after one) is seen by no one.  Its stderr and
-# exit status go to $tmpdir/nbdkit.err and .exit, checked at the end.
+# and its exit status (99 after one) is seen by no one.  Its stderr
+# goes to $tmpdir/nbdkit.err, its exit status to PIDFILE.exit (one per
+# server: the walk-through starts more than one), each listed in
+# $tmpdir/nbdkit.exits and checked at the end.
 cat > "$bin/nbdkit" <<EOT
 #!/usr/bin/env bash
 # nbdkit, with the built plugin for the plugin name "mapper".
@@ -70,15 +72,16 @@ done
 envs=()
 [ -z "\$NBDMAPPER_PLUGIN_ENV" ] || mapfile -t envs <<< "\$NBDMAPPER_PLUGIN_ENV"
 if \$mine && ! \$fg && [ \${#envs[@]} -gt 0 ] && [ -n "\$pidfile" ]; then
-    rm -f "\$pidfile"
+    rm -f "\$pidfile" "\$pidfile.exit"
+    echo "\$pidfile.exit" >> "$tmpdir/nbdkit.exits"
     ( st=0
       env "\${envs[@]}" $(command -v nbdkit) -f "\${args[@]}" \\
           2>> "$tmpdir/nbdkit.err" < /dev/null > /dev/null || st=\$?
-      echo "\$st" >> "$tmpdir/nbdkit.exit" ) &
+      echo "\$st" > "\$pidfile.exit" ) &
     # As the daemon would: back once it serves (its pid file written).
     for (( i = 0; i < 300; i++ )); do
         [ -s "\$pidfile" ] && exit 0
-        [ -e "$tmpdir/nbdkit.exit" ] && break
+        [ -e "\$pidfile.exit" ] && break
         sleep 0.1
     done
     cat "$tmpdir/nbdkit.err" >&2
@@ -94,16 +97,19 @@ env -u NBDMSETUP_URI TMPDIR="$tmpdir/readme" PATH="$bin:$PATH" \
     bash -e -u -o pipefail -x "$tmpdir/readme.sh" > "$tmpdir/out" 2>&1 ||
     { cat "$tmpdir/out"; die "README's walk-through failed"; }
 cat "$tmpdir/out"
-# The server ours ran in the foreground (sanitizer build): it exited,
-# killed by the walk-through, with status 0 and no report.
+# The servers ours ran in the foreground (sanitizer build): each
+# exited, killed by the walk-through, with status 0 and no report.
 if [ "${#plugin_env[@]}" -gt 0 ]; then
-    for (( i = 0; i < 100; i++ )); do
-        [ -s "$tmpdir/nbdkit.exit" ] && break
-        sleep 0.1
-    done
-    [ "$(cat "$tmpdir/nbdkit.exit" 2>/dev/null)" = 0 ] ||
-        { cat "$tmpdir/nbdkit.err"; die "README's server exited" \
-              "$(cat "$tmpdir/nbdkit.exit" 2>/dev/null || echo "?")"; }
+    [ -s "$tmpdir/nbdkit.exits" ] || die "no server of ours ran"
+    while read -r x; do
+        for (( i = 0; i < 100; i++ )); do
+            [ -s "$x" ] && break
+            sleep 0.1
+        done
+        [ "$(cat "$x" 2>/dev/null)" = 0 ] ||
+            { cat "$tmpdir/nbdkit.err"; die "README's server exited" \
+                  "$(cat "$x" 2>/dev/null || echo "?") ($x)"; }
+    done < "$tmpdir/nbdkit.exits"
 fi
 # What the comments promise.
 grep -q '^State:             ACTIVE (READ-ONLY)$' "$tmpdir/out" || die "info ro"
