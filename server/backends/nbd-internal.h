@@ -224,6 +224,7 @@ int nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
 const char *nbd_wire_io (struct nbd_wire *w, int revents, char *why,
                          size_t whylen);
 bool nbd_wire_want_write (const struct nbd_wire *w);
+int nbd_wire_fd (const struct nbd_wire *w);
 bool nbd_wire_has_unsent (const struct nbd_wire *w);
 
 /* nbd-resolve.c: make conn's handle in the resolver thread (the URI's

@@ -121,6 +121,12 @@ nbd_wire_want_write (const struct nbd_wire *w)
   return w->blocked;
 }
 
+int
+nbd_wire_fd (const struct nbd_wire *w)
+{
+  return w->fd;
+}
+
 bool
 nbd_wire_has_unsent (const struct nbd_wire *w)
 {
