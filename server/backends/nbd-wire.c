@@ -50,9 +50,7 @@
 #define NBD_CMD_FLUSH          3
 #define NBD_CMD_TRIM           4
 #define NBD_CMD_WRITE_ZEROES   6
-#define NBD_CMD_FLAG_FUA       (1 << 0)
-#define NBD_CMD_FLAG_NO_HOLE   (1 << 1)
-#define NBD_CMD_FLAG_FAST_ZERO (1 << 4)
+/* Its command flags are libnbd's LIBNBD_CMD_FLAG_* (the same values). */
 
 #define WIRE_IOV 64             /* iovec entries per sendmsg */
 #define WIRE_RBUF (NBD_REPLY_SIZE * 64) /* reply headers per recv */
@@ -208,46 +206,29 @@ get_be64 (const unsigned char *p)
 
 int
 nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
-                uint32_t mapper_flags, bool emulate_zero, const char *zeros,
-                char *buf, uint64_t offset, uint64_t len)
+                uint16_t flags, char *buf, uint64_t offset, uint64_t len)
 {
   uint32_t i = slot_alloc (w);
   struct wire_req *r;
-  uint16_t type, flags = 0;
+  uint16_t type;
   uint32_t hlen = len;
 
   if (i == NO_SLOT)
     return -ENOMEM;
   r = &w->slots[i];
   r->cmd = cmd;
-  r->buf = NULL;
-  r->len = 0;
-  if (mapper_flags & MAPPER_FUA)
-    flags |= NBD_CMD_FLAG_FUA;
+  r->buf = buf;
+  r->len = op == IO_READ || op == IO_WRITE ? len : 0;
   switch (op) {
   case IO_READ:
     type = NBD_CMD_READ;
-    r->buf = buf;
-    r->len = len;
     w->reads++;
     break;
   case IO_WRITE:
     type = NBD_CMD_WRITE;
-    r->buf = buf;
-    r->len = len;
     break;
   case IO_ZERO:
-    if (emulate_zero) {         /* the server can't zero: write zeros */
-      type = NBD_CMD_WRITE;
-      r->buf = (char *) zeros;
-      r->len = len;
-      break;
-    }
     type = NBD_CMD_WRITE_ZEROES;
-    if (!(mapper_flags & MAPPER_MAY_TRIM))
-      flags |= NBD_CMD_FLAG_NO_HOLE;
-    if (mapper_flags & MAPPER_FAST_ZERO)
-      flags |= NBD_CMD_FLAG_FAST_ZERO;
     break;
   case IO_TRIM:
     type = NBD_CMD_TRIM;
@@ -255,7 +236,6 @@ nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
   case IO_FLUSH:
   default:
     type = NBD_CMD_FLUSH;
-    flags = 0;
     offset = 0;
     hlen = 0;
     break;
