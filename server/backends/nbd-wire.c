@@ -75,7 +75,9 @@ struct nbd_wire {
   uint32_t send_head, send_tail;
   size_t sent;                  /* bytes of send_head already sent */
   bool blocked;                 /* the socket is full: wait for EV_WRITE */
-  unsigned awaiting, reads;     /* replies awaited; of them, reads */
+  unsigned awaiting;            /* replies awaited (sent or not) */
+  unsigned reads;               /* of them, reads sent in full: only
+                                 * their replies can carry data */
   /* Receiving: rbuf holds rlen bytes of reply headers; rcur (or
    * NO_SLOT) is the read whose data is coming, rdone bytes of it so far.
    */
@@ -222,7 +224,6 @@ nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
   switch (op) {
   case IO_READ:
     type = NBD_CMD_READ;
-    w->reads++;
     break;
   case IO_WRITE:
     type = NBD_CMD_WRITE;
@@ -316,6 +317,7 @@ wire_send (struct nbd_wire *w, char *why, size_t whylen)
         break;
       r -= total;
       q->sending = false;
+      w->reads += q->type == NBD_CMD_READ;
       w->send_head = q->next;
     }
     if (w->send_head == NO_SLOT)
