@@ -5,9 +5,10 @@ A file CTL/freeze-N makes connection N silent: what the client sends is
 read and counted (CTL/held-N), never forwarded, nothing comes back, and
 the client's socket stays open (CTL/frozen-N says it is).  CTL/sent-N:
 bytes connection N forwarded to the server.  A file CTL/corrupt holding
-"magic" or "cookie" flips one byte (0, or 15) of the next data the
-server sends on any connection (at queue depth 1, a reply's header: its
-magic, or its cookie's low byte), then goes.
+"magic", "cookie" or "gen" flips one byte (0, 15 or 11) of the next data
+the server sends on any connection (at queue depth 1, a reply's header:
+its magic, its cookie's low byte, or the low byte of its high half),
+then goes.
 
   python3 nbd_proxy.py LISTEN TARGET CTL
 """
@@ -53,7 +54,7 @@ def serve(n, c):
             corrupt = os.path.join(ctl, "corrupt")
             if x is s and os.path.exists(corrupt):
                 with open(corrupt) as f:
-                    at = 0 if f.read().strip() == "magic" else 15
+                    at = {"magic": 0, "gen": 11}.get(f.read().strip(), 15)
                 try:
                     os.unlink(corrupt)
                 except FileNotFoundError:

@@ -9,10 +9,12 @@
 #    in parts of at most 64K (the server's maximum block size), checked
 #    by fio's verify and against the backing file;
 #  - a server without structured replies: connection 0 is direct too;
-#  - a reply that breaks the protocol (bad magic, an unknown cookie) is
-#    named in the log and costs the connection, not the request: it is
-#    retried, and the writes acknowledged before count as lost (the next
-#    flush fails with EIO once).
+#  - a read's error reply (no data follows) among other replies;
+#  - a reply that breaks the protocol (bad magic, an unknown cookie or
+#    one of another generation) is named in the log and costs the
+#    connection, not the request: it is retried, and the writes
+#    acknowledged before count as lost (the next flush fails with EIO
+#    once).
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -28,6 +30,10 @@ start_server r --filter=blocksize-policy file "$f" \
     blocksize-maximum=64K blocksize-preferred=4K
 g=$(mkfile n.img 1M)
 start_server n --no-sr file "$g"
+# e: reads fail at random while $tmpdir/e.fail exists.
+e=$(mkfile e.img 1M)
+start_server e --filter=error file "$e" error-pread=EIO \
+    error-pread-rate=50% error-file="$tmpdir/e.fail"
 mkdir "$tmpdir/ctl"
 python3 "$top_srcdir/tests/nbd_proxy.py" "$tmpdir/p.sock" "$tmpdir/r.sock" \
     "$tmpdir/ctl" &
@@ -40,12 +46,13 @@ wait_for test -e "$tmpdir/ctl/ready" || die "the proxy did not start"
 echo "0 131072 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
 echo "0 131072 linear nbd+unix:///?socket=$tmpdir/p.sock 0" > "$tmpdir/c.table"
 echo "0 2048 linear nbd+unix:///?socket=$tmpdir/n.sock 0" > "$tmpdir/n.table"
+echo "0 2048 linear nbd+unix:///?socket=$tmpdir/e.sock 0" > "$tmpdir/e.table"
 sock=$tmpdir/mapper.sock
 uri="nbd+unix:///d?socket=$sock"
 log=$tmpdir/mapper.log
 start_server --stderr "$log" mapper -v -D nbdkit.backend.datapath=0 -t 64 \
     mapper remote-connections=4 remote-timeout=20 "$tmpdir/d.table" \
-    "$tmpdir/c.table" "$tmpdir/n.table"
+    "$tmpdir/c.table" "$tmpdir/n.table" "$tmpdir/e.table"
 ms () { timeout 120 nbdsh -u "$uri" "$@"; }
 # conns SOCK PATTERN: the backend SOCK's connection log lines matching
 # PATTERN (grep -E), counted.
@@ -95,6 +102,43 @@ with open(sys.argv[2], "rb") as f:
         assert h.pread(4 << 20, off) == f.read(4 << 20), off
 PYEOF
 
+# --- error replies -------------------------------------------------------
+# A read's error reply has no data after it: the replies around it (reads
+# that worked, writes) in the same batches must still be read right, and
+# the connection is kept.
+timeout 120 nbdsh -u "nbd+unix:///e?socket=$sock" -c '
+for i in range(64):
+    h.pwrite(bytes([i + 1]) * 4096, i * 4096)
+' || die "e: writing the pattern failed"
+touch "$tmpdir/e.fail"
+timeout 120 nbdsh -u "nbd+unix:///e?socket=$sock" -c '
+import errno
+from nbdcheck import aio_wait
+bufs = [nbd.Buffer(4096) for i in range(64)]
+reads = [h.aio_pread(bufs[i], i * 4096) for i in range(64)]
+writes = [h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(b"E" * 4096)),
+                       (128 + i) * 4096) for i in range(32)]
+failed = 0
+for i, c in enumerate(reads):
+    e = aio_wait(h, c)
+    assert e in (0, errno.EIO), e
+    if e:
+        failed += 1
+    else:
+        assert bufs[i].to_bytearray() == bytes([i + 1]) * 4096, i
+for c in writes:
+    assert aio_wait(h, c) == 0, "a write failed"
+assert 0 < failed < 64, "%d of 64 reads failed" % failed
+' || die "e: the replies after a failed read went wrong"
+rm -f "$tmpdir/e.fail"
+timeout 120 nbdsh -u "nbd+unix:///e?socket=$sock" -c '
+assert h.pread(4096 * 32, 128 * 4096) == b"E" * 4096 * 32
+' || die "e: the writes did not land"
+[ "$(conns e.sock '[0-9]+ up -> down')" -eq 0 ] ||
+    die "e: a read's error reply cost the connection"
+[ "$(conns e.sock '[123] -> up \(direct\)')" -ge 1 ] ||
+    die "e: no direct connection"
+
 # --- a reply that breaks the protocol -------------------------------------
 # corrupt WHAT PATTERN: the next reply the server sends has its WHAT
 # flipped (the proxy's ctl/corrupt).  A write acknowledged before, then a
@@ -104,8 +148,9 @@ PYEOF
 # connection comes back, direct.
 corrupt ()
 {
-    local downs ups
+    local downs ups said
     downs=$(conns p.sock '[0-9]+ up -> down: ')
+    said=$(conns p.sock "[123] up -> down: $2")
     ups=$(conns p.sock '[0-9]+ -> up \(direct\)')
     timeout 120 nbdsh -u "nbd+unix:///c?socket=$sock" -c '
 import os
@@ -119,7 +164,7 @@ assert not fails_eio(h.flush), "the second flush failed"
 ' || die "$1: the request or the flush went wrong"
     [ "$(conns p.sock '[0-9]+ up -> down: ')" -eq $((downs + 1)) ] ||
         die "$1: not one connection dropped"
-    [ "$(conns p.sock "[123] up -> down: $2")" -eq 1 ] ||
+    [ "$(conns p.sock "[123] up -> down: $2")" -eq $((said + 1)) ] ||
         { grep 'p.sock.* up -> down: ' "$log" | tail -1;
           die "$1: the log does not say /$2/"; }
     wait_for sh -c "[ \$(grep -Ec 'p.sock[^:]*: connection [0-9]+ -> up \(direct\)' '$log') -gt $ups ]" ||
@@ -131,5 +176,8 @@ wait_for sh -c "[ \$(grep -c 'p.sock.*: connection [0-9]* -> up' '$log') -ge 4 ]
     die "not every connection of c came up"
 corrupt magic 'bad reply magic 0x32446698 \(expected 0x67446698\)'
 corrupt cookie 'reply to an unknown request \(cookie 0x[0-9a-f]{16}\)'
+# The cookie of a request in flight, of another generation (a slot's
+# cookie changes each time it is reused).
+corrupt gen 'reply to an unknown request \(cookie 0x[0-9a-f]{16}\)'
 
 echo "$0: ok"

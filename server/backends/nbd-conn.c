@@ -112,7 +112,8 @@ nbd_conn_update_io (struct nbd_conn *conn)
 {
   struct ev_loop *l = ioloop_ev ();
   unsigned dir;
-  int fd = nbd_aio_get_fd (conn->h);
+  /* Direct: the wire's copy (nbd_aio_get_fd takes the handle's lock). */
+  int fd = conn->wire ? nbd_wire_fd (conn->wire) : nbd_aio_get_fd (conn->h);
   int events;
 
   if (conn->wire) {
@@ -337,10 +338,13 @@ wire_io (struct nbd_conn *conn, int revents)
 {
   char why[128];
 
+  /* libnbd never runs on a direct socket: only a reply can lose it. */
   if (nbd_wire_io (conn->wire, revents, why, sizeof why))
     nbd_conn_drop (conn, why);
+  else if (conn->lost)
+    nbd_conn_drop (conn, "connection lost");
   else
-    nbd_conn_check (conn);
+    nbd_conn_update_io (conn);
 }
 
 static void

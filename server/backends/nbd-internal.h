@@ -212,11 +212,10 @@ bool nbd_wire_eligible (struct nbd_handle *h);
 struct nbd_wire *nbd_wire_new (struct nbd_handle *h);
 void nbd_wire_free (struct nbd_wire *w);
 /* Queue one request of cmd (sent by nbd_wire_io); 0 or -ENOMEM.
- * emulate_zero: IO_ZERO as a write of zeros.
+ * flags: LIBNBD_CMD_FLAG_* (the protocol's values).
  */
 int nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
-                    uint32_t mapper_flags, bool emulate_zero,
-                    const char *zeros, char *buf, uint64_t offset,
+                    uint16_t flags, char *buf, uint64_t offset,
                     uint64_t len);
 /* Receive (EV_READ) and send what is queued: NULL, or why the
  * connection failed (in why[whylen]).  Replies complete their parts.
@@ -224,6 +223,7 @@ int nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
 const char *nbd_wire_io (struct nbd_wire *w, int revents, char *why,
                          size_t whylen);
 bool nbd_wire_want_write (const struct nbd_wire *w);
+int nbd_wire_fd (const struct nbd_wire *w);
 bool nbd_wire_has_unsent (const struct nbd_wire *w);
 
 /* nbd-resolve.c: make conn's handle in the resolver thread (the URI's

@@ -50,9 +50,7 @@
 #define NBD_CMD_FLUSH          3
 #define NBD_CMD_TRIM           4
 #define NBD_CMD_WRITE_ZEROES   6
-#define NBD_CMD_FLAG_FUA       (1 << 0)
-#define NBD_CMD_FLAG_NO_HOLE   (1 << 1)
-#define NBD_CMD_FLAG_FAST_ZERO (1 << 4)
+/* Its command flags are libnbd's LIBNBD_CMD_FLAG_* (the same values). */
 
 #define WIRE_IOV 64             /* iovec entries per sendmsg */
 #define WIRE_RBUF (NBD_REPLY_SIZE * 64) /* reply headers per recv */
@@ -77,7 +75,9 @@ struct nbd_wire {
   uint32_t send_head, send_tail;
   size_t sent;                  /* bytes of send_head already sent */
   bool blocked;                 /* the socket is full: wait for EV_WRITE */
-  unsigned awaiting, reads;     /* replies awaited; of them, reads */
+  unsigned awaiting;            /* replies awaited (sent or not) */
+  unsigned reads;               /* of them, reads sent in full: only
+                                 * their replies can carry data */
   /* Receiving: rbuf holds rlen bytes of reply headers; rcur (or
    * NO_SLOT) is the read whose data is coming, rdone bytes of it so far.
    */
@@ -119,6 +119,12 @@ bool
 nbd_wire_want_write (const struct nbd_wire *w)
 {
   return w->blocked;
+}
+
+int
+nbd_wire_fd (const struct nbd_wire *w)
+{
+  return w->fd;
 }
 
 bool
@@ -202,46 +208,28 @@ get_be64 (const unsigned char *p)
 
 int
 nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
-                uint32_t mapper_flags, bool emulate_zero, const char *zeros,
-                char *buf, uint64_t offset, uint64_t len)
+                uint16_t flags, char *buf, uint64_t offset, uint64_t len)
 {
   uint32_t i = slot_alloc (w);
   struct wire_req *r;
-  uint16_t type, flags = 0;
+  uint16_t type;
   uint32_t hlen = len;
 
   if (i == NO_SLOT)
     return -ENOMEM;
   r = &w->slots[i];
   r->cmd = cmd;
-  r->buf = NULL;
-  r->len = 0;
-  if (mapper_flags & MAPPER_FUA)
-    flags |= NBD_CMD_FLAG_FUA;
+  r->buf = buf;
+  r->len = op == IO_READ || op == IO_WRITE ? len : 0;
   switch (op) {
   case IO_READ:
     type = NBD_CMD_READ;
-    r->buf = buf;
-    r->len = len;
-    w->reads++;
     break;
   case IO_WRITE:
     type = NBD_CMD_WRITE;
-    r->buf = buf;
-    r->len = len;
     break;
   case IO_ZERO:
-    if (emulate_zero) {         /* the server can't zero: write zeros */
-      type = NBD_CMD_WRITE;
-      r->buf = (char *) zeros;
-      r->len = len;
-      break;
-    }
     type = NBD_CMD_WRITE_ZEROES;
-    if (!(mapper_flags & MAPPER_MAY_TRIM))
-      flags |= NBD_CMD_FLAG_NO_HOLE;
-    if (mapper_flags & MAPPER_FAST_ZERO)
-      flags |= NBD_CMD_FLAG_FAST_ZERO;
     break;
   case IO_TRIM:
     type = NBD_CMD_TRIM;
@@ -249,7 +237,6 @@ nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
   case IO_FLUSH:
   default:
     type = NBD_CMD_FLUSH;
-    flags = 0;
     offset = 0;
     hlen = 0;
     break;
@@ -330,6 +317,7 @@ wire_send (struct nbd_wire *w, char *why, size_t whylen)
         break;
       r -= total;
       q->sending = false;
+      w->reads += q->type == NBD_CMD_READ;
       w->send_head = q->next;
     }
     if (w->send_head == NO_SLOT)

@@ -228,36 +228,38 @@ issue_part (struct nbd_conn *conn, struct nbd_cmd *cmd, uint64_t delta,
   struct nbd_handle *h = conn->h;
   struct nbd_backend *nb = cmd->nb;
   struct clone *c = cmd->c;
-  uint32_t fua = (c->flags & MAPPER_FUA) ? LIBNBD_CMD_FLAG_FUA : 0;
+  enum io_op op = c->op;
+  char *buf = c->buf ? c->buf + delta : NULL;
+  uint64_t offset = c->offset + delta;
+  uint32_t flags = (c->flags & MAPPER_FUA) ? LIBNBD_CMD_FLAG_FUA : 0;
+
+  if (op == IO_ZERO && !nb->ex.zero) {  /* emulated: write zeros */
+    op = IO_WRITE;
+    buf = (char *) zeros;
+  }
+  else if (op == IO_ZERO)
+    flags |= ((c->flags & MAPPER_MAY_TRIM) ? 0 : LIBNBD_CMD_FLAG_NO_HOLE) |
+      ((c->flags & MAPPER_FAST_ZERO) ? LIBNBD_CMD_FLAG_FAST_ZERO : 0);
+  else if (op == IO_READ || op == IO_FLUSH)
+    flags = 0;
 
   if (conn->wire) {
-    int r = nbd_wire_issue (conn->wire, cmd, c->op, c->flags,
-                            c->op == IO_ZERO && !nb->ex.zero, zeros,
-                            c->buf ? c->buf + delta : NULL,
-                            c->offset + delta, len);
+    int r = nbd_wire_issue (conn->wire, cmd, op, flags, buf, offset, len);
     *direct_error = -r;
     return r ? -1 : 0;
   }
 
-  switch (c->op) {
+  switch (op) {
   case IO_READ:
-    return nbd_aio_pread (h, c->buf + delta, len, c->offset + delta, cb, 0);
+    return nbd_aio_pread (h, buf, len, offset, cb, flags);
   case IO_WRITE:
-    return nbd_aio_pwrite (h, c->buf + delta, len, c->offset + delta, cb,
-                           fua);
+    return nbd_aio_pwrite (h, buf, len, offset, cb, flags);
   case IO_ZERO:
-    if (!nb->ex.zero)           /* emulated: write zeros */
-      return nbd_aio_pwrite (h, zeros, len, c->offset + delta, cb, fua);
-    return nbd_aio_zero (h, len, c->offset + delta, cb,
-                         fua |
-                         ((c->flags & MAPPER_MAY_TRIM) ? 0
-                          : LIBNBD_CMD_FLAG_NO_HOLE) |
-                         ((c->flags & MAPPER_FAST_ZERO)
-                          ? LIBNBD_CMD_FLAG_FAST_ZERO : 0));
+    return nbd_aio_zero (h, len, offset, cb, flags);
   case IO_TRIM:
-    return nbd_aio_trim (h, len, c->offset + delta, cb, fua);
+    return nbd_aio_trim (h, len, offset, cb, flags);
   case IO_FLUSH:
-    return nbd_aio_flush (h, cb, 0);
+    return nbd_aio_flush (h, cb, flags);
   }
   abort ();
 }
