@@ -408,6 +408,25 @@ pd_bm_flush (struct pd_bm *bm)
   return r;
 }
 
+void
+pd_bm_copy_err (struct pd_bm *bm, char *err)
+{
+  if (!err)
+    return;
+  pthread_mutex_lock (&bm->err_lock);
+  snprintf (err, PD_ERR_LEN, "%s", bm->err);
+  pthread_mutex_unlock (&bm->err_lock);
+}
+
+bool
+pd_all_zero (const uint8_t *p, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    if (p[i])
+      return false;
+  return true;
+}
+
 int
 pd_bm_write_sync (struct pd_bm *bm, struct pd_block *b)
 {

@@ -48,11 +48,7 @@ struct clone_md {
 static void
 copy_err (struct clone_md *md, char *err)
 {
-  if (!err)
-    return;
-  pthread_mutex_lock (&md->tm.bm.err_lock);
-  snprintf (err, PD_ERR_LEN, "%s", md->tm.bm.err);
-  pthread_mutex_unlock (&md->tm.bm.err_lock);
+  pd_bm_copy_err (&md->tm.bm, err);
 }
 
 /* The array's btree values are array blocks: a copied node takes a
@@ -147,7 +143,6 @@ format_bitset (struct clone_md *md)
 static int
 commit_locked (struct clone_md *md)
 {
-  struct pd_block *sb;
   uint8_t *buf;
   int r;
 
@@ -159,21 +154,9 @@ commit_locked (struct clone_md *md)
   pd_put64 (buf + SB_REGION_SIZE, md->region_sectors);
   pd_put64 (buf + SB_TARGET_SIZE, md->target_sectors);
   pd_put64 (buf + SB_BITSET_ROOT, md->root);
-  if ((r = pd_msm_commit (&md->tm, buf + SB_SM_ROOT)) < 0)
+  if ((r = pd_msm_commit (&md->tm, buf + SB_SM_ROOT)) < 0 ||
+      (r = pd_tm_commit (&md->tm, PD_CLONE_SUPERBLOCK, buf, NULL)) < 0)
     goto out;
-  /* every other block down before the superblock that points to them */
-  if ((r = pd_bm_flush (&md->tm.bm)) < 0)
-    goto out;
-  if ((r = pd_bm_new (&md->tm.bm, 0, PD_CLONE_SUPERBLOCK, &sb)) < 0) {
-    r = pd_error (&md->tm.bm, -r, "superblock: out of memory");
-    goto out;
-  }
-  memcpy (sb->data, buf, PD_BLOCK_SIZE);
-  r = pd_bm_write_sync (&md->tm.bm, sb);
-  pd_bm_put (&md->tm.bm, sb);
-  if (r < 0)
-    goto out;
-  pd_tm_end_transaction (&md->tm);
   md->changed = false;
  out:
   free (buf);
@@ -207,15 +190,6 @@ check_superblock (struct clone_md *md, const uint8_t *sb)
                      (unsigned long long) pd_le64 (sb + SB_TARGET_SIZE),
                      (unsigned long long) md->target_sectors);
   return 0;
-}
-
-static bool
-all_zero (const uint8_t *p, size_t n)
-{
-  for (size_t i = 0; i < n; i++)
-    if (p[i])
-      return false;
-  return true;
 }
 
 int
@@ -280,7 +254,7 @@ clone_md_open (const struct clone_md_open_args *a, struct clone_md **out,
                   strerror (-r));
     goto err;
   }
-  if (all_zero (raw, PD_BLOCK_SIZE)) {
+  if (pd_all_zero (raw, PD_BLOCK_SIZE)) {
     /* dm's __format_metadata */
     if ((r = pd_msm_format (&md->tm, dev_blocks)) < 0 ||
         (r = format_bitset (md)) < 0 ||

@@ -125,6 +125,10 @@ int pd_bm_flush (struct pd_bm *bm);
 int pd_bm_write_sync (struct pd_bm *bm, struct pd_block *b);
 /* Abort: forget every dirty block. */
 void pd_bm_drop_dirty (struct pd_bm *bm);
+/* Copy bm->err into err (PD_ERR_LEN bytes; err may be NULL). */
+void pd_bm_copy_err (struct pd_bm *bm, char *err);
+/* Is the block (or any n bytes) all zero: a device never formatted? */
+bool pd_all_zero (const uint8_t *p, size_t n);
 /* Record an error message (printf-like) in bm->err; returns -e. */
 int pd_error (struct pd_bm *bm, int e, const char *fmt, ...)
   __attribute__ ((format (printf, 3, 4)));
@@ -199,6 +203,13 @@ int pd_tm_read (struct pd_tm *tm, uint64_t b, enum pd_block_type type,
 void pd_tm_put (struct pd_tm *tm, struct pd_block *blk);
 /* The transaction ended (commit done or aborted). */
 void pd_tm_end_transaction (struct pd_tm *tm);
+/* Commit: every dirty block written and flushed before the superblock
+ * that points to them, then the superblock (sb, a whole block of type
+ * type, checksummed here) written and flushed, then the transaction
+ * ends.  committed (may be NULL) gets the superblock as written.
+ */
+int pd_tm_commit (struct pd_tm *tm, enum pd_block_type type,
+                  const uint8_t *sb, uint8_t *committed);
 
 /* --- btree.c --------------------------------------------------------- */
 

@@ -362,6 +362,27 @@ pd_tm_end_transaction (struct pd_tm *tm)
   tm->sm.nr_freed = 0;
 }
 
+int
+pd_tm_commit (struct pd_tm *tm, enum pd_block_type type, const uint8_t *sb,
+              uint8_t *committed)
+{
+  struct pd_block *b;
+  int r;
+
+  if ((r = pd_bm_flush (&tm->bm)) < 0)
+    return r;
+  if ((r = pd_bm_new (&tm->bm, 0, type, &b)) < 0)
+    return pd_error (&tm->bm, -r, "superblock: out of memory");
+  memcpy (b->data, sb, PD_BLOCK_SIZE);
+  r = pd_bm_write_sync (&tm->bm, b);
+  if (r == 0 && committed)
+    memcpy (committed, b->data, PD_BLOCK_SIZE);
+  pd_bm_put (&tm->bm, b);
+  if (r == 0)
+    pd_tm_end_transaction (tm);
+  return r;
+}
+
 uint64_t
 pd_tm_available (struct pd_tm *tm)
 {

@@ -80,11 +80,7 @@ struct thin_md {
 static void
 copy_err (struct thin_md *md, char *err)
 {
-  if (!err)
-    return;
-  pthread_mutex_lock (&md->tm.bm.err_lock);
-  snprintf (err, PD_ERR_LEN, "%s", md->tm.bm.err);
-  pthread_mutex_unlock (&md->tm.bm.err_lock);
+  pd_bm_copy_err (&md->tm.bm, err);
 }
 
 /* A failure inside the metadata: it may be half changed, so no more
@@ -277,7 +273,6 @@ static int
 commit_locked (struct thin_md *md)
 {
   struct thin_md_dev **p;
-  struct pd_block *sb;
   uint8_t *buf;
   int r;
 
@@ -309,21 +304,8 @@ commit_locked (struct thin_md *md)
   if ((r = pd_msm_commit (&md->tm, buf + SB_META_SM)) < 0)
     goto out;
   pd_put64 (buf + SB_META_NR_BLOCKS, md->tm.sm.nr_blocks);
-  /* every other block down before the superblock that points to them */
-  if ((r = pd_bm_flush (&md->tm.bm)) < 0)
+  if ((r = pd_tm_commit (&md->tm, PD_SUPERBLOCK, buf, md->committed)) < 0)
     goto out;
-  if ((r = pd_bm_new (&md->tm.bm, 0, PD_SUPERBLOCK, &sb)) < 0) {
-    r = pd_error (&md->tm.bm, -r, "superblock: out of memory");
-    goto out;
-  }
-  memcpy (sb->data, buf, PD_BLOCK_SIZE);
-  r = pd_bm_write_sync (&md->tm.bm, sb);
-  if (r == 0)
-    memcpy (md->committed, sb->data, PD_BLOCK_SIZE);
-  pd_bm_put (&md->tm.bm, sb);
-  if (r < 0)
-    goto out;
-  pd_tm_end_transaction (&md->tm);
   pd_dsm_committed (&md->dsm);
   md->changed = false;
  out:
@@ -401,15 +383,6 @@ format (struct thin_md *md, const struct thin_md_open_args *a)
   return commit_locked (md);
 }
 
-static bool
-all_zero (const uint8_t *p, size_t n)
-{
-  for (size_t i = 0; i < n; i++)
-    if (p[i])
-      return false;
-  return true;
-}
-
 int
 thin_md_open (const struct thin_md_open_args *a, struct thin_md **out,
               char *err)
@@ -464,7 +437,7 @@ thin_md_open (const struct thin_md_open_args *a, struct thin_md **out,
                   strerror (-r));
     goto err;
   }
-  if (all_zero (raw, PD_BLOCK_SIZE)) {
+  if (pd_all_zero (raw, PD_BLOCK_SIZE)) {
     if ((r = format (md, a)) < 0)
       goto err;
   }
