@@ -783,6 +783,15 @@ start (struct move *m, const char *dest)
          "first (nbdmsetup clear %s)", m->name, m->name, m->name);
   if (interrupted ())
     die ("move %s: interrupted (%s)", m->name, left);
+  /* The mirrors' legs 1 are DEST at the lines' own starts: another
+   * line's source on DEST is copied over (the server checks the legs of
+   * one mirror, not of different lines).
+   */
+  for (size_t i = 0; !clone && i < m->n; i++)
+    if (same_dev (dest, m->segs[i].src))
+      die ("move %s: line %zu is on %s already: the move lays the device "
+           "out on DEST at its own offsets, over that line's data (%s)",
+           m->name, i + 1, m->segs[i].src, left);
   for (size_t i = 0; i < m->n; i++) {
     uint64_t r = region;
     while (!clone && r > m->segs[i].len)    /* the mirror's cap */
