@@ -573,12 +573,16 @@ read_progress (struct move *m, struct progress *pr)
       die ("move %s: malformed mirror status '%s'", m->name, rows[i].f[1]);
     pr->in_sync += a;
     pr->regions += b;
-    for (int leg = 0; leg < 2 && !pr->bad[0]; leg++) {
+    /* The first unhealthy leg, but a source's over a DEST's of an
+     * earlier line: --abort must not miss that the source did.
+     */
+    for (int leg = 0; leg < 2; leg++) {
       char h = w[8][leg];
       const char *what = h == 'D' ? "failed a write" : h == 'F'
         ? "failed a flush" : h == 'S' ? "failed the resync"
         : h == 'R' ? "failed a read" : "is not healthy";
-      if (h == 'A')
+      if (h == 'A' || (pr->bad[0] && (leg == 1 ||
+                                      strncmp (pr->bad, "the source", 10) == 0)))
         continue;
       snprintf (pr->bad, sizeof pr->bad, "%s %s (leg %d, '%c', line %zu)",
                 leg ? "DEST" : "the source", what, leg, h, i + 1);
@@ -779,6 +783,15 @@ start (struct move *m, const char *dest)
          "first (nbdmsetup clear %s)", m->name, m->name, m->name);
   if (interrupted ())
     die ("move %s: interrupted (%s)", m->name, left);
+  /* The mirrors' legs 1 are DEST at the lines' own starts: another
+   * line's source on DEST is copied over (the server checks the legs of
+   * one mirror, not of different lines).
+   */
+  for (size_t i = 0; !clone && i < m->n; i++)
+    if (same_dev (dest, m->segs[i].src))
+      die ("move %s: line %zu is on %s already: the move lays the device "
+           "out on DEST at its own offsets, over that line's data (%s)",
+           m->name, i + 1, m->segs[i].src, left);
   for (size_t i = 0; i < m->n; i++) {
     uint64_t r = region;
     while (!clone && r > m->segs[i].len)    /* the mirror's cap */

@@ -136,6 +136,15 @@ unchanged vol "$before"
 fails "move vol: replace: .*leg 1.*nothing changed" \
       ms move vol "nbd+unix:///x?socket=$tmpdir/nobody.sock"
 unchanged vol "$before"
+# DEST holding another line's source: its mirror would copy over it.
+truncate -s $((2 * half)) "$tmpdir/self.img"
+ms create vself --table "0 $((sectors / 2)) linear $tmpdir/vol.a 0
+$((sectors / 2)) $((sectors / 2)) linear $tmpdir/self.img 0"
+self_before=$(snap vself)
+fails "move vself: line 2 is on $tmpdir/self.img already" \
+      ms move vself "$tmpdir/self.img"
+unchanged vself "$self_before"
+ms remove vself
 # A target with no one area to copy.
 ms create z --table "0 2048 zero"
 fails "move z: line 1 \(0 2048 zero\): a zero target has no one source area" \

@@ -561,10 +561,17 @@ mirror_log_clear_pass (struct mirror *m)
   if (n == 0)
     goto out;
 
-  /* What those regions' completed writes left in the legs' caches. */
+  /* What those regions' completed writes left in the legs' caches.  A
+   * leg that fails it may have lost them: marked, so that no later pass
+   * (whose flush may succeed) cleans them (given up, -ESHUTDOWN or
+   * -ECANCELED, says nothing of the leg).
+   */
   for (unsigned i = 0; i < m->nr_legs; i++)
-    if ((e = target_flush_backend (m->legs[i].be)) < 0)
+    if ((e = target_flush_backend (m->legs[i].be)) < 0) {
+      if (e != -ESHUTDOWN && e != -ECANCELED)
+        mirror_mark_leg (m, i, LEG_FLUSH_ERR, "failed a flush");
       goto out;
+    }
 
   pthread_mutex_lock (&l->lock);
   begin_write (l);

@@ -167,9 +167,10 @@ collect_extent (void *opaque, uint64_t offset, uint64_t length, uint32_t type)
 
   if (offset != l->end || length == 0)
     return -1;                  /* not contiguous: stop, copy the rest */
-  l->end = offset + length;
+  /* end moves only with the list: what is not in it is copied. */
   if (l->n && l->e[l->n - 1].zero == zero) {
     l->e[l->n - 1].len += length;
+    l->end = offset + length;
     return 0;
   }
   if (l->n == l->alloc) {
@@ -180,6 +181,7 @@ collect_extent (void *opaque, uint64_t offset, uint64_t length, uint32_t type)
     l->e = p, l->alloc = a;
   }
   l->e[l->n++] = (struct extent) { offset - l->base, length, zero };
+  l->end = offset + length;
   return 0;
 }
 

@@ -102,22 +102,24 @@ mirror_write_end_io (struct clone *c, void *ctx, uint64_t arg, int error)
   struct mirror *m = ctx;
   unsigned leg = ARG_LEG (arg);
 
+  if (arg & ARG_COUNTED)
+    mirror_write_exit (m, !!(arg & ARG_PARITY), 1);
+  if (error != 0 && error != -ECANCELED) {
+    mirror_mark_leg (m, leg, LEG_WRITE_ERR, "failed a write");
+    /* Keep going while another leg has not failed: the last leg to fail
+     * is the one that fails the request.
+     */
+    if (m->handle_errors && drop_leg (m, leg))
+      error = 0;
+  }
+  /* Out of the disk log's count only once the leg is marked: a clear
+   * pass that sees the write gone sees the failure too.
+   */
   if (arg & ARG_LOGGED) {
     uint64_t offset, len;
     clone_range (c, &offset, &len);
     mirror_log_write_exit (m, offset - m->legs[leg].start, len, 1);
   }
-  if (arg & ARG_COUNTED)
-    mirror_write_exit (m, !!(arg & ARG_PARITY), 1);
-  if (error == 0 || error == -ECANCELED)
-    return error;
-
-  mirror_mark_leg (m, leg, LEG_WRITE_ERR, "failed a write");
-  /* Keep going while another leg has not failed: the last leg to fail
-   * is the one that fails the request.
-   */
-  if (m->handle_errors && drop_leg (m, leg))
-    return 0;
   return error;
 }
 
