@@ -382,15 +382,42 @@ log_words (uint64_t len, uint64_t region)
   }
 }
 
+/* A disk log's words with or without "sync": "disk 3 DEV R sync" makes
+ * the mirror start its log anew (every region out of sync: the table
+ * that starts a copy onto an empty leg must), "disk 2 DEV R" loads the
+ * log as it is on DEV.  A table saved (tables=DIR) with "sync" would
+ * start the copy from zero at every restart, so once the mirror with
+ * "sync" is live the move replaces it with the same mirror without
+ * (disk_log_settle).  Other words are returned as they are.
+ */
+static char *
+log_form (const char *words, bool sync)
+{
+  char **w;
+  size_t n = split_words (words, &w);
+  char *r = n >= 4 && strcmp (w[0], "disk") == 0
+    ? (sync ? xasprintf ("disk 3 %s %s sync", w[2], w[3])
+            : xasprintf ("disk 2 %s %s", w[2], w[3]))
+    : xstrdup (words);
+
+  free_words (w, n);
+  return r;
+}
+
 /* Are a move's log words (log_words) those of the live mirror (the
- * server's spelling of the log device)?
+ * server's spelling of the log device), a disk log with or without
+ * "sync" alike?
  */
 static bool
-same_log (const char *want, const char *have)
+same_log (const char *want_words, const char *have_words)
 {
+  char *want = log_form (want_words, true), *have = log_form (have_words, true);
   char **a, **b;
   size_t na = split_words (want, &a), nb = split_words (have, &b);
   bool same = na == nb;
+
+  free (want);
+  free (have);
 
   for (size_t i = 0; same && i < na; i++)
     same = strcmp (a[i], b[i]) == 0 ||
@@ -439,7 +466,7 @@ clone_table (const struct move *m, const char *dst)
  * source (the legs 0 as linear lines), the final linear on dst.
  */
 static char *
-mirror_table (const struct move *m, const char *dst)
+mirror_table (const struct move *m, const char *dst, bool sync)
 {
   uint64_t region = region_sectors ();
   char *t = NULL;
@@ -450,8 +477,8 @@ mirror_table (const struct move *m, const char *dst)
          "%zu targets: use --log core", m->name, opts.log, m->n);
   for (size_t i = 0; i < m->n; i++) {
     const struct seg *s = &m->segs[i];
-    char *log = s->log ? xstrdup (s->log) : log_words (s->len, region);
-    char *line;
+    char *words = s->log ? xstrdup (s->log) : log_words (s->len, region);
+    char *log = log_form (words, sync), *line;
 
     if (s->len < 2)
       die ("move %s: line %zu is %" PRIu64 " sector long: a mirror's region "
@@ -462,8 +489,30 @@ mirror_table (const struct move *m, const char *dst)
     append (&t, line);
     free (line);
     free (log);
+    free (words);
   }
   return t;
+}
+
+static char *step (struct move *m, unsigned cmd, const char *table,
+                   const char *left);
+
+/* After a mirror with a disk log's "sync" went live (the copy started
+ * anew onto DEST): the same mirror without "sync", so that what
+ * tables=DIR saves, and a restart loads, goes on from the log.  A crash
+ * before this leaves "sync": the copy starts again, never skips.
+ */
+static void
+disk_log_settle (struct move *m, const char *dst)
+{
+  char *t;
+
+  if (opts.log == NULL || strcmp (opts.log, "core") == 0)
+    return;
+  t = mirror_table (m, dst, false);
+  free (step (m, PROTO_CMD_REPLACE, t, "the mirror copies; a restart "
+              "before this step copies from the start"));
+  free (t);
 }
 
 static char *
@@ -769,7 +818,7 @@ start (struct move *m, const char *dest)
 {
   bool clone = opts.method && strcmp (opts.method, "clone") == 0;
   char *dst = dest_for_server (dest);
-  char *t = clone ? clone_table (m, dst) : mirror_table (m, dst);
+  char *t = clone ? clone_table (m, dst) : mirror_table (m, dst, true);
   char *left = xasprintf ("nothing changed: %s is on its table still",
                           m->name);
   uint64_t regions = 0, region = region_sectors ();
@@ -803,6 +852,8 @@ start (struct move *m, const char *dest)
           m->n == 1 ? "" : "s", regions, dst);
   fflush (stdout);
   free (step (m, PROTO_CMD_REPLACE, t, left));
+  if (!clone)
+    disk_log_settle (m, dst);
   free (left);
   free (t);
   free (dst);
@@ -912,10 +963,11 @@ run_move (struct conn *c, const struct verb *v, int argc, char **argv)
       read_progress (&m, &pr);
       if (pr.bad[0] && !(strncmp (pr.bad, "the source", 10) == 0)) {
         /* A DEST that failed: a fresh mirror copies it all again. */
-        char *t = mirror_table (&m, m.dst);
+        char *t = mirror_table (&m, m.dst, true);
         printf ("move %s: %s: copying again from the start\n", m.name,
                 pr.bad);
         free (step (&m, PROTO_CMD_REPLACE, t, "the mirror is as it was"));
+        disk_log_settle (&m, m.dst);
         free (t);
       }
     }

@@ -285,13 +285,29 @@ partial vlog
 nbdsh -u "nbd+unix:///vlog?socket=$sock" -c "
 h.pwrite(bytes([177]) * 65536, 5 << 20)
 h.flush()"
+# The table that runs (and is saved) loads the log as it is: with "sync"
+# it would start the log anew at every load, and the copy from zero.
+ms table vlog | grep -q " mirror disk 2 $tmpdir/vlog.log $rs 2 " ||
+    die "vlog: not on the disk log's mirror without sync: $(ms table vlog)"
+# Regions the log has as in sync (clean bits from byte 1024), once some.
+logged () { python3 -c '
+import sys
+b = open(sys.argv[1], "rb").read()[1024:]
+print(sum(bin(x).count("1") for x in b))' "$tmpdir/vlog.log"; }
+for (( i = 0; i < 300; i++ )); do
+    [ "$(logged)" -gt 0 ] && break
+    sleep 0.1
+done
+[ "$(logged)" -gt 0 ] || die "vlog: no region in sync on the log"
 stop_server ctl KILL
 stopped vlog "server killed" "after a restart, where its disk log says.*move --resume vlog"
 start_server --stderr "$tmpdir/log4" ctl mapper tables="$tmpdir/tables"
-ms table vlog | grep -q " mirror disk 3 $tmpdir/vlog.log $rs sync 2 " ||
+ms table vlog | grep -q " mirror disk 2 $tmpdir/vlog.log $rs 2 " ||
     die "vlog: not on the disk log's mirror: $(ms table vlog)"
-echo "after the restart: $(progress vlog) regions in sync, total"
-fails "vlog: the move under way has the log 'disk 3 $tmpdir/vlog.log $rs sync' on line 1, not 'core 2 $rs sync'" \
+read -r s t < <(progress vlog)
+echo "after the restart: $s/$t regions in sync"
+[ "$s" -gt 0 ] || die "vlog: the restart copies from zero (the log had $(logged) regions in sync)"
+fails "vlog: the move under way has the log 'disk 2 $tmpdir/vlog.log $rs' on line 1, not 'core 2 $rs sync'" \
       ms move --resume --log core --region-size $rs vlog
 ms move --resume --log "$tmpdir/vlog.log" --region-size $rs vlog \
    > "$tmpdir/vlog.out" 2>&1 || { cat "$tmpdir/vlog.out"; die "move --resume vlog"; }
