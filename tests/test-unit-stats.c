@@ -21,9 +21,10 @@
 
 /* Every calloc (the engine's too: libmapper is linked in), counted, to
  * see that an idle device's statistics allocate nothing.  Not beside the
- * ASan runtime, which owns calloc.
+ * ASan or TSan runtime, which owns calloc (TSan's allocator aborts on a
+ * block it did not hand out).
  */
-#ifndef __SANITIZE_ADDRESS__
+#if !defined (__SANITIZE_ADDRESS__) && !defined (__SANITIZE_THREAD__)
 #define COUNT_CALLOCS 1
 extern void *__libc_calloc (size_t, size_t);
 static atomic_size_t callocs;
