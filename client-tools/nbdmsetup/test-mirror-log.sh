@@ -12,7 +12,8 @@
 #     counted, and the legs are identical afterwards;
 #  4. a reload with the same log keeps it (nothing resynced); another
 #     region size re-initialises it (everything resynced);
-#  5. bad log devices are refused naming the place, changing nothing.
+#  5. bad log devices are refused naming the place, changing nothing;
+#  6. a log that cannot be read again at resume: every region resyncs.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires /usr/bin/python3 -c 'import nbd'
@@ -151,5 +152,23 @@ ms table m | grep -q "mirror disk 2 $log 2048 2 " || die "table changed"
 # A sync argument re-initialises whatever was there.
 ms replace m --table "0 65536 mirror disk 3 $bad 1024 sync 2 $leg0 0 $leg1 0"
 dirty "$bad" > /dev/null
+
+# 6. The log cannot be read again at resume (its device fails after the
+# reload's constructor read it): marks an older table made meanwhile are
+# unknown, so every region resyncs; none is taken as clean.
+a0=$(mkfile a0.img 32M); a1=$(mkfile a1.img 32M); alog=$(mkfile alog.img 4K)
+ms create lg --table "0 8 linear $alog 0"
+t6="0 65536 mirror disk 2 mapper:lg 1024 2 $a0 0 $a1 0"
+ms create m6 --table "$t6"
+synced6 () { [ "$(grep -c "device m6: resync complete, 64/64" "$tmpdir/log2")" -ge "$1" ]; }
+wait_for synced6 1 || die "m6: no resync: $(ms status m6)"
+ms reload m6 --table "$t6"
+ms replace lg --table "0 8 error"
+ms resume m6
+grep -q "disk log mapper:lg: cannot read it again at resume (.*): every region resyncs" \
+     "$tmpdir/log2" || die "m6: no message for the log that cannot be read"
+wait_for synced6 2 || die "m6: regions taken as in sync: $(ms status m6)"
+ms remove m6
+ms remove lg
 stop_server ctl
 echo "$0: ok"

@@ -328,19 +328,28 @@ mirror_log_resume (struct mirror *m)
   struct mirror_log *l = m->log;
   unsigned char *disk;
   uint64_t n = 0;
+  int e = 0;
 
   if (l == NULL || l->merged)
     return;
   l->merged = true;
   disk = malloc (l->size);
   if (disk == NULL ||
-      io_sync (IO_READ, l->be, 0, l->size, (char *) disk, 0) < 0) {
+      (e = io_sync (IO_READ, l->be, 0, l->size, (char *) disk, 0)) < 0) {
+    /* Marks an older table made since the ctr read the log are unknown:
+     * every region is resynced rather than one skipped after a crash.
+     */
     free (disk);
-    return;                     /* what the ctr read stands */
+    disk = NULL;
+    if (mapper_log)
+      mapper_log ("mirror %s: disk log %s: cannot read it again at resume "
+                  "(%s): every region resyncs", target_origin (m->ti),
+                  backend_name (l->be), mapper_strerror (e ? -e : ENOMEM));
   }
   pthread_mutex_lock (&l->lock);
   for (uint64_t r = 0; r < m->nr_regions; r++)
-    if (bit_clean (l, r) && !(disk[LOG_OFFSET + r / 8] & (1u << (r % 8)))) {
+    if (bit_clean (l, r) &&
+        (!disk || !(disk[LOG_OFFSET + r / 8] & (1u << (r % 8))))) {
       set_dirty (l, r);
       atomic_fetch_and (&m->in_sync[r / 64], ~(1ULL << (r % 64)));
       atomic_fetch_sub (&m->nr_in_sync, 1);
