@@ -859,6 +859,14 @@ start (struct move *m, const char *dest)
   free (dst);
 }
 
+/* Only a source that missed writes is no place to go back to. */
+static bool
+source_missed_writes (const struct progress *pr)
+{
+  return strncmp (pr->bad, "the source failed a write", 25) == 0 ||
+    strncmp (pr->bad, "the source failed a flush", 25) == 0;
+}
+
 static void
 do_abort (struct move *m)
 {
@@ -874,14 +882,34 @@ do_abort (struct move *m)
     die ("move --abort %s: the device is not being moved (its live table is "
          "not a move's mirror)", m->name);
   read_progress (m, &pr);
-  /* Only a source that missed writes is no place to go back to. */
-  if (strncmp (pr.bad, "the source failed a write", 25) == 0 ||
-      strncmp (pr.bad, "the source failed a flush", 25) == 0)
+  if (source_missed_writes (&pr))
     die ("move --abort %s: %s: it may miss writes that DEST has; not "
          "returning to it (nbdmsetup status %s)", m->name, pr.bad, m->name);
   t = source_table (m);
   snprintf (left, sizeof left, "%s is on the mirror still", m->name);
   free (step (m, PROTO_CMD_LOAD, t, left));
+  /* As finish does: suspended (no write in flight), the source checked
+   * again, then the swap: a source failing between the first check and
+   * the resume would otherwise be gone back to with writes missed.
+   */
+  if (!m->suspended) {
+    uint16_t status;
+    const char *args[1] = { m->name };
+    char *p = call_status (m->c, PROTO_CMD_SUSPEND, 0, 1, args, &status);
+    if (status != PROTO_OK) {
+      free (step (m, PROTO_CMD_CLEAR, NULL, left));
+      die ("move --abort %s: suspend: %s (%s)", m->name,
+           *p ? p : proto_status_name (status), left);
+    }
+    free (p);
+  }
+  read_progress (m, &pr);
+  if (source_missed_writes (&pr)) {
+    free (step (m, PROTO_CMD_CLEAR, NULL, left));
+    free (step (m, PROTO_CMD_RESUME, NULL, left));
+    die ("move --abort %s: %s: it may miss writes that DEST has; not "
+         "returning to it (%s)", m->name, pr.bad, left);
+  }
   free (step (m, PROTO_CMD_RESUME, NULL, left));
   printf ("move %s: aborted: %s is back on its source table\n", m->name,
           m->name);
