@@ -19,8 +19,14 @@ requires python3 -c 'import nbd'
 disk=$(mkfile disk.img 4M)
 fill_random "$disk" 4194304 3
 # logkit NAME: nbdkit file with the log filter (log in $tmpdir/NAME.log,
-# started afresh).
-logkit () { rm -f "$tmpdir/$1.log"; kit "$1" "$disk" --filter=log logfile="$tmpdir/$1.log"; }
+# started afresh; the section before's server NAME is stopped first: a
+# second one would take over the pid file and the first be left running).
+logkit ()
+{
+    [ ! -s "$tmpdir/$1.pid" ] || stop_server "$1"
+    rm -f "$tmpdir/$1.log"
+    kit "$1" "$disk" --filter=log logfile="$tmpdir/$1.log"
+}
 logkit a
 logkit b
 A=$(kit_uri a) B=$(kit_uri b)
