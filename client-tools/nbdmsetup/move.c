@@ -691,6 +691,28 @@ resume_note (struct move *m)
   return note;
 }
 
+/* The table just loaded goes live at the resume after this suspend (no
+ * write in flight while the caller checks the mirror again); a refused
+ * suspend clears it and dies, the device as it was.
+ */
+static void
+suspend_loaded (struct move *m, const char *verb, const char *left)
+{
+  uint16_t status;
+  const char *args[1] = { m->name };
+  char *p;
+
+  if (m->suspended)
+    return;
+  p = call_status (m->c, PROTO_CMD_SUSPEND, 0, 1, args, &status);
+  if (status != PROTO_OK) {
+    free (step (m, PROTO_CMD_CLEAR, NULL, left));
+    die ("%s %s: suspend: %s (%s)", verb, m->name,
+         *p ? p : proto_status_name (status), left);
+  }
+  free (p);
+}
+
 /* Step 3; false if the mirror was not ready (it is live again). */
 static bool
 finish (struct move *m)
@@ -703,16 +725,7 @@ finish (struct move *m)
             m->clone ? "clone" : "mirror");
   free (step (m, PROTO_CMD_LOAD, final, left));
   free (final);
-  if (!m->suspended) {
-    uint16_t status;
-    const char *args[1] = { m->name };
-    char *p = call_status (m->c, PROTO_CMD_SUSPEND, 0, 1, args, &status);
-    if (status != PROTO_OK) {
-      free (step (m, PROTO_CMD_CLEAR, NULL, left));
-      die ("move %s: suspend: %s", m->name, *p ? p : proto_status_name (status));
-    }
-    free (p);
-  }
+  suspend_loaded (m, "move", left);
   read_progress (m, &pr);
   if (pr.in_sync == pr.regions && !pr.bad[0]) {
     snprintf (left, sizeof left, "%s is suspended with the linear table on "
@@ -892,17 +905,7 @@ do_abort (struct move *m)
    * again, then the swap: a source failing between the first check and
    * the resume would otherwise be gone back to with writes missed.
    */
-  if (!m->suspended) {
-    uint16_t status;
-    const char *args[1] = { m->name };
-    char *p = call_status (m->c, PROTO_CMD_SUSPEND, 0, 1, args, &status);
-    if (status != PROTO_OK) {
-      free (step (m, PROTO_CMD_CLEAR, NULL, left));
-      die ("move --abort %s: suspend: %s (%s)", m->name,
-           *p ? p : proto_status_name (status), left);
-    }
-    free (p);
-  }
+  suspend_loaded (m, "move --abort", left);
   read_progress (m, &pr);
   if (source_missed_writes (&pr)) {
     free (step (m, PROTO_CMD_CLEAR, NULL, left));
