@@ -12,10 +12,12 @@
  * The metadata (server/pdata/thin-metadata.h, Linux's on-disk format) is
  * committed (the data device flushed first, then the metadata) when a
  * client flush or FUA write reaches the pool or one of its thin devices,
- * after each message, and at least every second otherwise by one
- * engine-wide commit thread (the type's start/stop).  A commit that
- * fails switches the pool read-only with needs_check set, and every
- * later flush fails: the writes since the last commit are gone.
+ * after each message, and at least every second otherwise by the
+ * pool's own commit thread (from the type's start to its stop: one per
+ * pool, so that a commit waiting for its pool holds up no other's).  A
+ * commit that fails switches the pool read-only with needs_check set,
+ * and every later flush fails: the writes since the last commit are
+ * gone.
  */
 #include <config.h>
 
@@ -296,39 +298,126 @@ pool_commit (struct pool *p)
   }
 }
 
-/* The commit thread: every pool with changes, once a second. */
-static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t worker_cond;     /* CLOCK_MONOTONIC: worker_once */
-static pthread_once_t worker_once = PTHREAD_ONCE_INIT;
-static bool worker_running, worker_stop;
-static pthread_t worker_thread;
-
-/* Once per process: a start after a stop must not initialise the
- * condition again (a waiter of the old thread may still be leaving it).
+/* The commit threads, one per pool, once a second (dm's do_waker and
+ * per-pool worker).  They run between the type's start and stop.
  */
-static void
-worker_cond_init (void)
-{
-  pthread_condattr_t attr;
+static bool engine_up;          /* under pools_lock */
 
-  pthread_condattr_init (&attr);
-  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
-  pthread_cond_init (&worker_cond, &attr);
-  pthread_condattr_destroy (&attr);
+static void *
+pool_committer (void *arg)
+{
+  struct pool *p = arg;
+
+  pthread_mutex_lock (&p->lock);
+  while (!p->committer_stop) {
+    struct timespec ts;
+
+    clock_gettime (CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += COMMIT_PERIOD_NS / 1000000000ULL;
+    pthread_cond_timedwait (&p->commit_cond, &p->lock, &ts);
+    if (p->committer_stop)
+      break;
+    pthread_mutex_unlock (&p->lock);
+    /* Not while the pool device is suspending: its commit waits for the
+     * resume (or its postsuspend did it).
+     */
+    if (!atomic_load (&p->commit_failed) && thin_md_changed (p->md))
+      pool_commit_how (p, COMMIT_WAIT);
+    pthread_mutex_lock (&p->lock);
+  }
+  pthread_mutex_unlock (&p->lock);
+  return NULL;
 }
 
-/* Commit every pool with uncommitted changes: one at a time, holding a
- * reference, never pools_lock, while it commits.
+/* Start p's commit thread if the engine is up (pools_lock held): 0 or
+ * an errno.
+ */
+static int
+committer_start_locked (struct pool *p)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&p->lock);
+  int e;
+
+  if (!engine_up || p->committer_running)
+    return 0;
+  e = mapper_thread_create_arg (&p->committer, pool_committer, p,
+                                "mapper-thin");
+  if (e == 0)
+    p->committer_running = true;
+  return e;
+}
+
+static int
+committer_start (struct pool *p, struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&pools_lock);
+  int e = committer_start_locked (p);
+
+  if (e != 0)
+    mapper_err_set (err, "cannot start the commit thread of the pool on "
+                    "%s: %s", backend_name (p->md_be), mapper_strerror (e));
+  return -e;
+}
+
+/* Stop p's commit thread and wait for it (holding no lock: its commit
+ * may send an event, which takes the pool device's lock).
  */
 static void
-commit_changed_pools (void)
+committer_stop (struct pool *p)
 {
+  pthread_t t;
+  bool join;
+
+  pthread_mutex_lock (&p->lock);
+  join = p->committer_running;
+  t = p->committer;
+  p->committer_running = false;
+  p->committer_stop = true;
+  pthread_cond_broadcast (&p->commit_cond);
+  pthread_mutex_unlock (&p->lock);
+  if (join)
+    pthread_join (t, NULL);
+  pthread_mutex_lock (&p->lock);
+  p->committer_stop = false;
+  pthread_mutex_unlock (&p->lock);
+}
+
+/* Pools made before the engine started get their threads now. */
+static int
+pool_type_start (struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&pools_lock);
+
+  engine_up = true;
+  for (struct pool *p = pools; p; p = p->next) {
+    int e = committer_start_locked (p);
+
+    if (e != 0) {
+      /* Those started stop with their pools (pool_free). */
+      engine_up = false;
+      mapper_err_set (err, "thin-pool: cannot start the commit thread of "
+                      "the pool on %s: %s", backend_name (p->md_be),
+                      mapper_strerror (e));
+      return -e;
+    }
+  }
+  return 0;
+}
+
+/* Stop every pool's commit thread, and commit each one last while the
+ * I/O loop (a remote metadata or data device) still runs: the tables,
+ * and thin_md_close, go later.  One pool at a time, holding a
+ * reference, never pools_lock, while it waits.
+ */
+static void
+pool_type_stop (void)
+{
+  pthread_mutex_lock (&pools_lock);
+  engine_up = false;
+  pthread_mutex_unlock (&pools_lock);
   for (struct pool *p = NULL, *next;; p = next) {
     pthread_mutex_lock (&pools_lock);
     next = p ? p->next : pools;
-    while (next && (atomic_load (&next->commit_failed) ||
-                    !thin_md_changed (next->md)))
-      next = next->next;
     if (next)
       next->refs++;
     pthread_mutex_unlock (&pools_lock);
@@ -336,71 +425,10 @@ commit_changed_pools (void)
       pool_put (p);
     if (next == NULL)
       return;
-    /* Not while the pool device is suspending: its commit waits for the
-     * resume (or its postsuspend did it).
-     */
-    pool_commit_how (next, COMMIT_WAIT);
+    committer_stop (next);
+    if (!atomic_load (&next->commit_failed) && thin_md_changed (next->md))
+      pool_commit_how (next, COMMIT_WAIT);
   }
-}
-
-static void *
-commit_worker (void *arg)
-{
-  pthread_mutex_lock (&worker_lock);
-  while (!worker_stop) {
-    struct timespec ts;
-
-    clock_gettime (CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += COMMIT_PERIOD_NS / 1000000000ULL;
-    pthread_cond_timedwait (&worker_cond, &worker_lock, &ts);
-    if (worker_stop)
-      break;
-    pthread_mutex_unlock (&worker_lock);
-    commit_changed_pools ();
-    pthread_mutex_lock (&worker_lock);
-  }
-  pthread_mutex_unlock (&worker_lock);
-  return NULL;
-}
-
-static int
-pool_type_start (struct mapper_err *err)
-{
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&worker_lock);
-  int e;
-
-  if (worker_running)
-    return 0;
-  pthread_once (&worker_once, worker_cond_init);
-  worker_stop = false;
-  e = mapper_thread_create (&worker_thread, commit_worker, "mapper-thin");
-  if (e != 0) {
-    mapper_err_set (err, "thin-pool: cannot start the commit thread: %s",
-                    mapper_strerror (e));
-    return -e;
-  }
-  worker_running = true;
-  return 0;
-}
-
-static void
-pool_type_stop (void)
-{
-  bool join;
-
-  pthread_mutex_lock (&worker_lock);
-  join = worker_running;
-  worker_stop = true;
-  if (join)
-    pthread_cond_broadcast (&worker_cond);
-  worker_running = false;
-  pthread_mutex_unlock (&worker_lock);
-  if (join)
-    pthread_join (worker_thread, NULL);
-  /* A last commit of every pool while the I/O loop (a remote metadata or
-   * data device) still runs: the tables, and thin_md_close, go later.
-   */
-  commit_changed_pools ();
 }
 
 /* --- data blocks ------------------------------------------------------ */
@@ -544,6 +572,7 @@ pool_free (struct pool *p)
 {
   char err[PD_ERR_LEN] = "";
 
+  committer_stop (p);
   /* thin_md_close would commit what changed, but without flushing the
    * data device first.
    */
@@ -554,6 +583,7 @@ pool_free (struct pool *p)
                 backend_name (p->md_be), err);
   for (unsigned i = 0; i < POOL_CELLS; i++)
     pthread_mutex_destroy (&p->cells[i]);
+  pthread_cond_destroy (&p->commit_cond);
   pthread_cond_destroy (&p->drain_cond);
   pthread_mutex_destroy (&p->drain_lock);
   pthread_rwlock_destroy (&p->commit_rw);
@@ -640,6 +670,7 @@ pool_create (struct pool_c *pc, uint64_t md_size, struct mapper_err *err)
   pthread_condattr_init (&ca);
   pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
   pthread_cond_init (&p->space_cond, &ca);
+  pthread_cond_init (&p->commit_cond, &ca);
   pthread_condattr_destroy (&ca);
   pthread_rwlockattr_init (&rwa);
   pthread_rwlockattr_setkind_np (&rwa,
@@ -1221,7 +1252,8 @@ pool_ctr (struct target *ti, unsigned argc, char **argv,
     r = -EINVAL;
     goto fail;
   }
-  if ((r = pool_find_or_create (pc, md_size & ~4095ULL, err)) < 0)
+  if ((r = pool_find_or_create (pc, md_size & ~4095ULL, err)) < 0 ||
+      (r = committer_start (pc->pool, err)) < 0)
     goto fail;
   return 0;
 

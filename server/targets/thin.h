@@ -78,6 +78,13 @@ struct pool {
    * I/O does (space_cond).
    */
   bool suspended;
+  /* The pool's own commit thread (dm's per-pool worker and waker): a
+   * commit that waits for this pool (a drain, commit_rw held by a write
+   * to a slow data device) holds up no other pool's.
+   */
+  pthread_cond_t commit_cond;   /* CLOCK_MONOTONIC; committer_stop */
+  pthread_t committer;
+  bool committer_running, committer_stop;
 
   /* Read on the request path without lock. */
   _Atomic int mode;             /* enum pool_mode */
