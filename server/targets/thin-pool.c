@@ -42,6 +42,7 @@
 
 /* One thin-pool target (dm's pool_c): its table's arguments. */
 struct pool_c {
+  struct pool_c *next;          /* pool_cs, under pools_lock */
   struct pool *pool;
   struct backend *md_be, *data_be;
   uint32_t block_sectors;
@@ -51,11 +52,15 @@ struct pool_c {
 };
 
 /* Every pool object; each one's refs.  A leaf lock: taken under a pool
- * device's lock (target_find_peer) and nothing is taken under it but a
- * pool's lock.
+ * device's lock (target_find_peer) and under commit_rw (pool_resume),
+ * and nothing is taken under it but a pool's lock.
  */
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct pool *pools;
+/* Every thin-pool target bound to a pool object (live, inactive, being
+ * replaced), under pools_lock: the data devices their resume may bind.
+ */
+static struct pool_c *pool_cs;
 
 /* --- events ------------------------------------------------------------- */
 
@@ -701,6 +706,35 @@ pool_create (struct pool_c *pc, uint64_t md_size, struct mapper_err *err)
   return 0;
 }
 
+static int
+data_in_use (struct pool_c *pc, struct pool *q, struct mapper_err *err)
+{
+  mapper_err_set (err, "data device %s is already the data device of the "
+                  "pool on metadata device %s", backend_name (pc->data_be),
+                  backend_name (q->md_be));
+  return -EBUSY;
+}
+
+/* pools_lock held. */
+static void
+pool_c_link (struct pool_c *pc)
+{
+  pc->next = pool_cs;
+  pool_cs = pc;
+}
+
+static void
+pool_c_unlink (struct pool_c *pc)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&pools_lock);
+
+  for (struct pool_c **pp = &pool_cs; *pp; pp = &(*pp)->next)
+    if (*pp == pc) {
+      *pp = pc->next;
+      return;
+    }
+}
+
 /* Find the pool on pc's metadata device, or make one: the checks dm's
  * pool_ctr and pool_preresume make, at load time here (resume cannot
  * fail).
@@ -713,21 +747,26 @@ pool_find_or_create (struct pool_c *pc, uint64_t md_size,
   struct pool *p = NULL;
   uint64_t blocks;
 
-  /* Every pool: the one on this metadata device, if any, and none other
-   * on this data device (a reload of a pool onto another's data).
+  /* The pool on this metadata device, if any, and none other on this
+   * data device: neither bound there (a reload of a pool onto another's
+   * data) nor named by a table of it that a resume binds (an inactive
+   * one).  Two pools would allocate the same data blocks.
    */
-  for (struct pool *q = pools; q; q = q->next) {
+  for (struct pool *q = pools; q; q = q->next)
     if (q->md_be == pc->md_be)
       p = q;
-    else if (q->data_be == pc->data_be) {
-      mapper_err_set (err, "data device %s is already the data device of "
-                      "the pool on metadata device %s",
-                      backend_name (pc->data_be), backend_name (q->md_be));
-      return -EBUSY;
-    }
+  for (struct pool *q = pools; q; q = q->next)
+    if (q != p && q->data_be == pc->data_be)
+      return data_in_use (pc, q, err);
+  for (struct pool_c *c = pool_cs; c; c = c->next)
+    if (c->pool != p && c->data_be == pc->data_be)
+      return data_in_use (pc, c->pool, err);
+  if (p == NULL) {
+    int r = pool_create (pc, md_size, err);
+    if (r == 0)
+      pool_c_link (pc);
+    return r;
   }
-  if (p == NULL)
-    return pool_create (pc, md_size, err);
 
   if (p->block_sectors != pc->block_sectors) {
     mapper_err_set (err, "metadata device %s is in use by a pool with a "
@@ -745,6 +784,7 @@ pool_find_or_create (struct pool_c *pc, uint64_t md_size,
   }
   p->refs++;
   pc->pool = p;
+  pool_c_link (pc);
   return 0;
 }
 
@@ -793,9 +833,14 @@ pool_resume (struct target *ti)
 
   pthread_rwlock_wrlock (&p->commit_rw);
   if (p->data_be != pc->data_be) {
+    struct backend *old = p->data_be;
+
     target_backend_hold (pc->data_be);
-    target_backend_put (p->data_be);
+    /* Under pools_lock too: pool_find_or_create reads it so. */
+    pthread_mutex_lock (&pools_lock);
     p->data_be = pc->data_be;
+    pthread_mutex_unlock (&pools_lock);
+    target_backend_put (old);
   }
   if (thin_md_get_data_dev_size (p->md, &blocks) == 0 &&
       pc->nr_blocks > blocks && !thin_md_failed (p->md) &&
@@ -898,6 +943,7 @@ pool_dtr (struct target *ti)
   if (pc == NULL)
     return;
   if (pc->pool) {
+    pool_c_unlink (pc);
     pool_unbind (ti);
     pool_put (pc->pool);
   }

@@ -97,7 +97,7 @@ struct pool {
    * metadata) holds it exclusive, so that no mapping it commits points
    * at data the flush did not cover and no allocated block is committed
    * without its mapping.  Writer-preferring: commits are not starved.
-   * data_be changes only under it exclusive (bind).
+   * data_be changes only under it exclusive and pools_lock (bind).
    */
   pthread_rwlock_t commit_rw;
   struct backend *data_be;      /* own reference; the bound target's */
