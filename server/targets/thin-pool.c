@@ -198,6 +198,7 @@ wait_slot (struct pool *p, unsigned s, bool wait)
 static int
 pool_drain (struct pool *p, bool wait)
 {
+  uint64_t seq;
   int r = 0, s;
 
   if (wait)
@@ -206,15 +207,24 @@ pool_drain (struct pool *p, bool wait)
     return -EAGAIN;
   /* A drain given up: its slot first (no new I/O counts there). */
   s = atomic_load (&p->drain_slot);
-  if (s >= 0 && (r = wait_slot (p, s, wait)) < 0)
-    goto out;
-  atomic_store (&p->drain_slot, -1);
-  if (atomic_exchange (&p->released, false)) {
+  if (s >= 0) {
+    if ((r = wait_slot (p, s, wait)) < 0)
+      goto out;
+    atomic_store (&p->drain_slot, -1);
+    atomic_store (&p->drained_seq, p->pending_seq);
+  }
+  /* The releases so far, read before the epoch moves on: every clone
+   * that may have seen one of them counts in the old slot.
+   */
+  seq = atomic_load (&p->release_seq);
+  if (seq != atomic_load (&p->drained_seq)) {
     s = atomic_fetch_add (&p->io_epoch, 1) & 1;
+    p->pending_seq = seq;
     atomic_store (&p->drain_slot, s);
     if ((r = wait_slot (p, s, wait)) < 0)
       goto out;
     atomic_store (&p->drain_slot, -1);
+    atomic_store (&p->drained_seq, seq);
   }
  out:
   pthread_mutex_unlock (&p->drain_lock);
@@ -273,12 +283,12 @@ pool_commit_how (struct pool *p, enum commit_wait how)
     }
     else
       pthread_rwlock_wrlock (&p->commit_rw);
-    /* Nothing to commit (or failed: commit_locked says so), or no
-     * release undrained: releases hold commit_rw shared, so none comes
+    /* Nothing to commit (or failed: commit_locked says so), or every
+     * release drained: releases hold commit_rw shared, so none comes
      * before the commit.
      */
     if (atomic_load (&p->commit_failed) || !thin_md_changed (p->md) ||
-        (!atomic_load (&p->released) && atomic_load (&p->drain_slot) < 0))
+        atomic_load (&p->release_seq) == atomic_load (&p->drained_seq))
       break;
     pthread_rwlock_unlock (&p->commit_rw);
   }
@@ -1127,9 +1137,11 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
     /* Its blocks may be shared with an open volume's in-flight I/O
      * (a snapshot's, whose origin broke sharing since).
      */
+    pthread_rwlock_rdlock (&p->commit_rw);
     r = thin_md_delete (p->md, id, perr);
     if (r == 0)
       pool_released (p);
+    pthread_rwlock_unlock (&p->commit_rw);
   }
   else if (strcmp (cmd, "set_transaction_id") == 0) {
     uint64_t cur = 0;

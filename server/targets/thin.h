@@ -122,12 +122,20 @@ struct pool {
    * the other slot is still draining (drain_slot), so every counted I/O
    * older than a drain is in the slot it waits for.  Nothing on the fast
    * path takes a lock: two atomic additions and a load per clone.
+   *
+   * Releases are counted (release_seq, commit_rw held shared), and a
+   * drain publishes the count it read before moving the epoch once its
+   * slot is empty (drained_seq): a commit (commit_rw exclusive: no
+   * release meanwhile) needs no drain when the two are equal.  A flag
+   * cleared when a drain starts would tell a concurrent commit that
+   * nothing is undrained before that drain has even moved the epoch.
    */
   _Atomic uint64_t io_epoch;
   _Atomic uint64_t io_count[2];
   _Atomic unsigned drain_waiters;       /* under lock: in wait_slot */
-  _Atomic bool released;        /* data blocks released since the last
-                                 * drain moved the epoch on */
+  _Atomic uint64_t release_seq; /* releases of data blocks so far */
+  _Atomic uint64_t drained_seq; /* under drain_lock: releases drained */
+  uint64_t pending_seq;         /* under drain_lock: drain_slot's */
   _Atomic int drain_slot;       /* a slot being drained, or -1 */
   pthread_mutex_t drain_lock;
   pthread_cond_t drain_cond;    /* under lock; pool_io_exit wakes it */
@@ -212,7 +220,7 @@ pool_io_enter (struct pool *p)
 static inline void
 pool_released (struct pool *p)
 {
-  atomic_store (&p->released, true);
+  atomic_fetch_add (&p->release_seq, 1);
 }
 
 #endif /* NBDMAPPER_TARGETS_THIN_H */
