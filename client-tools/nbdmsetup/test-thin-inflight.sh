@@ -16,6 +16,12 @@
 #    read delay a message sets to 3 s.  Volume 1 reads its block
 #    (held), discards it and flushes; volume 2 writes the freed block.
 #    The read must return volume 1's data, not volume 2's.
+# 3. A message while the pool's commit would wait for I/O held by a
+#    suspended device below (the pool's data device): a read held at its
+#    gate after a discard (a drain), then a write to an unprovisioned
+#    block (commit_rw held shared).  The message runs under the control
+#    lock that the data device's resume needs: it must not wait for the
+#    commit (the pool's commit thread does it once the I/O is done).
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
@@ -97,10 +103,61 @@ python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" write ||
     die "a late write landed in another volume's block"
 python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" read ||
     die "a late read returned another volume's data"
+
+# 3: messages while I/O is held by the suspended data device.  The
+# timeouts only keep a hung server from hanging the test.
+md3=$(mkfile md3.img 4M)
+data3=$(mkfile data3.img 256K)
+ms create data3 --table "0 512 linear $data3 0"
+ms create pool3 --table "0 512 thin-pool $md3 mapper:data3 128 0 1 no_discard_passdown"
+ms message pool3 0 create_thin 1
+ms create t3 --table "0 512 thin mapper:pool3 1"
+nbdsh -u "nbd+unix:///t3?socket=$sock" -c 'h.pwrite(b"c" * 131072, 0); h.flush()'
+cat > "$tmpdir/held.py" <<'EOF2'
+import sys, os, nbd
+sock, ms, what = sys.argv[1], sys.argv[2], sys.argv[3]
+B = 65536
+h, h2 = nbd.NBD(), nbd.NBD()
+for x in (h, h2):
+    x.connect_uri("nbd+unix:///t3?socket=%s" % sock)
+buf = nbd.Buffer(B)
+if what == "read":
+    c = h.aio_pread(buf, 0)             # held at data3's gate
+    h2.trim(B, B)                       # the next commit drains first
+else:
+    c = h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(b"w" * B)),
+                     2 * B)             # provisions: commit_rw shared
+for i in range(5):
+    h.poll(100)
+assert not h.aio_command_completed(c), "the %s was not held" % what
+open(sys.argv[4], "w").write("held")
+while not h.aio_command_completed(c):
+    h.poll(1000)
+if what == "read":
+    assert bytes(buf.to_bytearray()) == b"c" * B
+h.flush()
+EOF2
+n=2
+for what in read write; do
+    rm -f "$tmpdir/held"
+    ms suspend data3
+    python3 "$tmpdir/held.py" "$sock" "$NBDMSETUP" $what "$tmpdir/held" &
+    held=$!
+    wait_for test -s "$tmpdir/held"
+    timeout 20 "$NBDMSETUP" message pool3 0 create_thin $n ||
+        die "a message waited for I/O held by the suspended data device (a $what)"
+    timeout 20 "$NBDMSETUP" resume data3 ||
+        die "resume data3 failed after the message (a $what held)"
+    wait $held || die "the held $what failed"
+    n=$((n + 1))
+done
+ms status pool3
+ms remove t3
+ms message pool3 0 delete 1
 ms status rpool
 ms status pool
 stop_server ctl
-for m in "$md" "$md2"; do
+for m in "$md" "$md2" "$md3"; do
     thin_check "$m" || die "thin_check $m"
     thin_dump "$m"
 done

@@ -261,7 +261,7 @@ commit_locked (struct pool *p)
 
 /* How a commit may wait for the fast path to drain (pool_drain). */
 enum commit_wait {
-  COMMIT_TRY,                   /* not at all (postsuspend) */
+  COMMIT_TRY,                   /* not at all (postsuspend, messages) */
   COMMIT_WAIT,                  /* unless the pool device is suspending */
 };
 
@@ -1134,14 +1134,16 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
   else if (strcmp (cmd, "delete") == 0) {
     if ((r = read_dev_id (cmd, argv[1], &id, err)) < 0)
       return r;
-    /* Its blocks may be shared with an open volume's in-flight I/O
-     * (a snapshot's, whose origin broke sharing since).
+    /* Not under commit_rw: that would wait behind a commit, and this
+     * holds the control lock (below).  None of its blocks needs a
+     * drain: the device is not open, so no clone of its own is in
+     * flight, and a block it frees that an open volume's clone may
+     * still reach lost that volume's mapping earlier, by a discard or
+     * a break of sharing, whose own release a drain covers.
      */
-    pthread_rwlock_rdlock (&p->commit_rw);
     r = thin_md_delete (p->md, id, perr);
     if (r == 0)
       pool_released (p);
-    pthread_rwlock_unlock (&p->commit_rw);
   }
   else if (strcmp (cmd, "set_transaction_id") == 0) {
     uint64_t cur = 0;
@@ -1189,11 +1191,13 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
       pool_md_failed (p, cmd, r, perr);
     return m;
   }
-  /* dm commits after every message; while the pool device is
-   * suspending with fast-path I/O to drain, the commit thread does it
-   * after the resume (this holds the device's lock).
+  /* dm commits after every message; if that would wait (for fast-path
+   * I/O to drain, or for a write holding commit_rw), the pool's commit
+   * thread does it once that is done.  Messages run under the control
+   * lock, which a resume of the device holding that I/O (a suspended
+   * data device) needs.
    */
-  if ((r = pool_commit_how (p, COMMIT_WAIT)) < 0 && r != -EAGAIN) {
+  if ((r = pool_commit_how (p, COMMIT_TRY)) < 0 && r != -EAGAIN) {
     mapper_err_set (err, "%s: committing the metadata failed: the pool is "
                     "read-only now (needs_check)", cmd);
     return r;
