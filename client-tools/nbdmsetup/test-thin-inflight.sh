@@ -22,9 +22,17 @@
 #    block (commit_rw held shared).  The message runs under the control
 #    lock that the data device's resume needs: it must not wait for the
 #    commit (the pool's commit thread does it once the I/O is done).
+# 4. Each pool's periodic commit is its own (dm: a worker per pool): a
+#    pool whose commit waits for a clone held below (a read of volume 1
+#    held 8 s by the delay device, with a discard of volume 2's block to
+#    drain before the pool may commit) must not hold up another pool's once-a-second
+#    commit: pool B's write, never flushed, must be in B's committed
+#    metadata (thin_dump of its metadata device) before the read is let
+#    go.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
+requires thin_dump -V
 
 md=$(mkfile md.img 4M)
 data=$(mkfile data.img 128K)            # two 64 KiB blocks
@@ -45,10 +53,16 @@ ms message pool 0 create_thin 1
 ms message pool 0 create_thin 2
 ms create t1 --table "0 256 thin mapper:pool 1"
 ms create t2 --table "0 256 thin mapper:pool 2"
+# 4: pool B, on a file.
+mdb=$(mkfile mdb.img 4M)
+datab=$(mkfile datab.img 128K)
+ms create bpool --table "0 256 thin-pool $mdb $datab 128 0"
+ms message bpool 0 create_thin 1
+ms create tb --table "0 256 thin mapper:bpool 1"
 
 cat > "$tmpdir/inflight.py" <<'EOF2'
 import sys, time, subprocess, nbd
-sock, ms, part = sys.argv[1], sys.argv[2], sys.argv[3]
+sock, ms, part, mdb = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 B = 65536
 def conn(name):
     h = nbd.NBD()
@@ -78,7 +92,7 @@ if part == "write":
         "in it" % got[:8]
     assert a2.pread(B, 0) == b"\0" * B
     print("write: volume 2 intact")
-else:
+elif part == "read":
     a1, a2, b = conn("t1"), conn("t1"), conn("t2")
     a1.pwrite(b"a" * 2 * B, 0)
     a1.flush()
@@ -98,11 +112,39 @@ else:
         "a read of volume 1 returned %r...: volume 2's data" % got[:8]
     assert b.pread(B, B) == b"C" * B
     print("read: volume 1's data")
+elif part == "pools":
+    def mapped_in_b():
+        xml = subprocess.check_output(["thin_dump", mdb]).decode()
+        return 'origin_begin="0"' in xml or 'origin_block="0"' in xml
+    a1, a2, b = conn("t1"), conn("t2"), conn("tb")
+    delays(8000, 0, 0)
+    buf = nbd.Buffer(B)
+    ca = a1.aio_pread(buf, 0)           # held 8 s below the pool
+    time.sleep(0.3)
+    assert not a1.aio_command_completed(ca)
+    a2.trim(B, B)                       # unmaps volume 2's block: the
+                                        # next commit must drain first
+    time.sleep(1.5)                     # its periodic commit is waiting
+    assert not mapped_in_b()
+    b.pwrite(b"b" * B, 0)               # pool B changes; nobody flushes
+    # B's commit must come before the read is let go (8 s: B's period
+    # is 1).
+    while not mapped_in_b():
+        assert not a1.aio_command_completed(ca), \
+            "pool B's write was not committed while pool A's read was " \
+            "held: B's periodic commit waited for A's drain"
+        a1.poll(200)                    # a1's reply, if it comes
+    print("pools: pool B committed while pool A drains")
+    wait(a1, ca)
+    delays(0, 0, 0)
+    assert bytes(buf.to_bytearray()) == b"a" * B
 EOF2
-python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" write ||
+python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" write "$mdb" ||
     die "a late write landed in another volume's block"
-python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" read ||
+python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" read "$mdb" ||
     die "a late read returned another volume's data"
+python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" pools "$mdb" ||
+    die "one pool's drain held up another pool's periodic commit"
 
 # 3: messages while I/O is held by the suspended data device.  The
 # timeouts only keep a hung server from hanging the test.
@@ -156,8 +198,9 @@ ms remove t3
 ms message pool3 0 delete 1
 ms status rpool
 ms status pool
+ms status bpool
 stop_server ctl
-for m in "$md" "$md2" "$md3"; do
+for m in "$md" "$md2" "$md3" "$mdb"; do
     thin_check "$m" || die "thin_check $m"
     thin_dump "$m"
 done
