@@ -29,6 +29,10 @@
 #    commit: pool B's write, never flushed, must be in B's committed
 #    metadata (thin_dump of its metadata device) before the read is let
 #    go.
+# 5. A suspend of the pool waits for the writes it sent to the data
+#    device directly (provisioning: dm's postsuspend flushes the pool's
+#    worker): a write to a new block held 2 s by the delay device must
+#    be in the data file once the suspend returns.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires thin_check -V
@@ -138,6 +142,23 @@ elif part == "pools":
     wait(a1, ca)
     delays(0, 0, 0)
     assert bytes(buf.to_bytearray()) == b"a" * B
+elif part == "suspend":
+    a1 = conn("t1")
+    a1.flush()                          # t1's block 1 is free again
+    delays(0, 2000, 0)
+    cw = a1.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(b"p" * B)), B)
+    time.sleep(0.3)                     # provisioning, held 2 s
+    assert not a1.aio_command_completed(cw)
+    subprocess.check_call([ms, "suspend", "pool"])
+    with open(sys.argv[5], "rb") as f:
+        landed = b"p" * B in f.read()
+    subprocess.check_call([ms, "resume", "pool"])
+    wait(a1, cw)
+    delays(0, 0, 0)
+    assert landed, "the pool's suspend returned before its write to " \
+        "the data device landed"
+    assert a1.pread(B, B) == b"p" * B
+    print("suspend: the write landed first")
 EOF2
 python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" write "$mdb" ||
     die "a late write landed in another volume's block"
@@ -145,6 +166,8 @@ python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" read "$mdb" ||
     die "a late read returned another volume's data"
 python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" pools "$mdb" ||
     die "one pool's drain held up another pool's periodic commit"
+python3 "$tmpdir/inflight.py" "$sock" "$NBDMSETUP" suspend "$mdb" "$data" ||
+    die "a suspend of the pool did not wait for its writes in flight"
 
 # 3: messages while I/O is held by the suspended data device.  The
 # timeouts only keep a hung server from hanging the test.

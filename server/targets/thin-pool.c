@@ -559,6 +559,14 @@ pool_wait_space (struct pool *p, uint64_t gen, uint64_t *deadline,
   return r;
 }
 
+bool
+pool_suspended (struct pool *p)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&p->lock);
+
+  return p->suspended;
+}
+
 int
 pool_wait_running (struct pool *p)
 {
@@ -929,18 +937,30 @@ pool_presuspend (struct target *ti)
   pthread_mutex_unlock (&p->lock);
 }
 
-/* dm's pool_postsuspend commits: a suspended pool is a committed one.
- * Only if it needs no wait: a thin write that holds commit_rw may be
- * held by this very suspend (a suspended mapper: data device), and so
- * may fast-path clones a drain waits for (at this device's gate); the
- * commit thread does it after the resume then.
+/* dm's pool_postsuspend flushes the pool's worker and commits: a
+ * suspended pool sends nothing more to its data device, and is a
+ * committed one.  The provisioning writes, copies and passdowns in
+ * flight go to the data device directly, holding commit_rw shared:
+ * they finish before the suspend does (and before its flush of the
+ * data device), new ones see suspended under commit_rw and wait for the
+ * resume.  The commit only if it needs no wait: fast-path clones a
+ * drain waits for may be held at this device's gate; the commit thread
+ * does it after the resume then.
  */
 static void
 pool_postsuspend (struct target *ti)
 {
   struct pool_c *pc = ti->private;
   struct pool *p = pc->pool;
+  bool bound;
 
+  pthread_mutex_lock (&p->lock);
+  bound = p->ti == ti;
+  pthread_mutex_unlock (&p->lock);
+  if (bound) {
+    pthread_rwlock_wrlock (&p->commit_rw);
+    pthread_rwlock_unlock (&p->commit_rw);
+  }
   if (!atomic_load (&p->commit_failed) && thin_md_changed (p->md))
     pool_commit_how (p, COMMIT_TRY);
 }

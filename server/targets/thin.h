@@ -179,6 +179,11 @@ pthread_mutex_t *pool_cell (struct pool *p, uint64_t dev_id, uint64_t block);
  * holding no pool lock.  0, or -ESHUTDOWN (request_wait gave up).
  */
 int pool_wait_running (struct pool *p);
+/* Suspending or suspended (under lock): a write to the data device
+ * that found it so, commit_rw held shared, drops its locks and waits
+ * (the pool's postsuspend waits for those that did not).
+ */
+bool pool_suspended (struct pool *p);
 static inline enum pool_mode
 pool_mode (struct pool *p)
 {
