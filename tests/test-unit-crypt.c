@@ -14,7 +14,8 @@
  * over requests of many lengths.  The transform alone (crypt-xts.c, no
  * device, no I/O) against the same reference, in place and not, from
  * every kind of offset, also when every context slot is taken, and its
- * refusals.  That the bytes are what Linux writes is checked against an
+ * refusals, and that it leaves no round key or tweak on the stack.  That
+ * the bytes are what Linux writes is checked against an
  * independent implementation in test-crypt.sh.  dm-crypt's messages
  * (key wipe, key set) and the resume they block.
  */
@@ -619,6 +620,116 @@ test_xts_alone (void)
   }
 }
 
+/* The stack a conversion ran on, after it returns: how many 16-byte
+ * aligned blocks of it (STACK_SCAN bytes below the caller's frame, which
+ * covers the frames of xts_convert and what it calls) equal one of pat.
+ * Called from the frame that called xts_convert, it lies where those
+ * frames were; the asm tells the compiler that buf holds something (what
+ * the stack held), so that it neither warns nor assumes it undefined.
+ */
+#define STACK_SCAN 32768
+static __attribute__ ((noinline)) size_t
+stack_leftovers (const unsigned char (*pat)[16], size_t npat)
+{
+  unsigned char buf[STACK_SCAN] __attribute__ ((aligned (64)));
+  size_t found = 0;
+
+  __asm__ volatile ("" : "=m" (buf));
+  for (size_t i = 0; i < sizeof buf; i += 16)
+    for (size_t k = 0; k < npat; k++)
+      found += memcmp (buf + i, pat[k], 16) == 0;
+  return found;
+}
+
+/* T * x in GF(2^128) (P1619): the reference's tweak doubling. */
+static void
+tweak_double (unsigned char t[16])
+{
+  unsigned carry = 0;
+
+  for (int i = 0; i < 16; i++) {
+    unsigned b = t[i];
+
+    t[i] = (unsigned char) (b << 1 | carry);
+    carry = b >> 7;
+  }
+  if (carry)
+    t[0] ^= 0x87;
+}
+
+/* Round keys and tweaks are secrets (the tweaks, E_K2 of the sector
+ * numbers, with the ciphertext give the input of E_K1): after a
+ * conversion none may be left on the stack, in spilled registers or
+ * arrays (crypt-xts-vaes.c's frame is over 3K of them).  Every round key
+ * (VAES: the transform's; OpenSSL: its contexts' are not ours to see,
+ * the two key halves stand for them) and every block's tweak of the
+ * sectors converted is looked for.
+ */
+static void
+test_stack_wiped (void)
+{
+  for (size_t key_len = 32; key_len <= 64; key_len += 32)
+    for (uint64_t ss = 512; ss <= 4096; ss *= 8) {
+      const size_t nsec = 6, size = nsec * ss;
+      const size_t ntw = size / 16, npat = ntw + 3 * (XTS_MAX_ROUNDS + 1);
+      unsigned char key[64], (*pat)[16] = calloc (npat, 16);
+      unsigned char *buf = malloc (size);
+      EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new ();
+      struct crypt_xts *x;
+      size_t n = 0, found;
+      int outl;
+
+      if (pat == NULL || buf == NULL || ctx == NULL)
+        UNIT_FATAL ("out of memory");
+      unit_fill (key, key_len, 77 + key_len + ss, 0);
+      unit_fill (buf, size, 78, 0);
+      x = xts_new (key, key_len, "plain64", 0, ss, false);
+      /* The tweaks, from the reference's IVs through E_K2. */
+      if (EVP_EncryptInit_ex (ctx, key_len == 32 ? EVP_aes_128_ecb ()
+                              : EVP_aes_256_ecb (), NULL, key + key_len / 2,
+                              NULL) != 1)
+        UNIT_FATAL ("OpenSSL AES-ECB failed");
+      EVP_CIPHER_CTX_set_padding (ctx, 0);
+      for (size_t s = 0; s < nsec; s++) {
+        unsigned char t[16];
+
+        xts_ref_iv ("plain64", 0, ss, false, s * ss, t);
+        if (EVP_EncryptUpdate (ctx, t, &outl, t, 16) != 1 || outl != 16)
+          UNIT_FATAL ("OpenSSL AES-ECB failed");
+        for (size_t j = 0; j < ss / 16; j++, tweak_double (t))
+          memcpy (pat[n++], t, 16);
+      }
+      EVP_CIPHER_CTX_free (ctx);
+      if (x->vaes)
+        for (size_t k = 0; k < 3; k++)
+          for (unsigned r = 0; r <= x->rounds; r++)
+            memcpy (pat[n++], x->rk[k][r], 16);
+      else {
+        memcpy (pat[n++], key, 16);
+        memcpy (pat[n++], key + key_len / 2, 16);
+      }
+
+      CHECK (xts_convert (x, true, 0, (char *) buf, (char *) buf,
+                          size) == 0);
+      found = stack_leftovers ((const unsigned char (*)[16]) pat, n);
+      CHECKF (found == 0, "%s transform, %zu-bit key, sector_size %"
+              PRIu64 ": %zu blocks of round keys or tweaks left on the "
+              "stack after encrypting", x->vaes ? "VAES" : "OpenSSL",
+              key_len * 8, ss, found);
+      CHECK (xts_convert (x, false, 0, (char *) buf, (char *) buf,
+                          size) == 0);
+      found = stack_leftovers ((const unsigned char (*)[16]) pat, n);
+      CHECKF (found == 0, "%s transform, %zu-bit key, sector_size %"
+              PRIu64 ": %zu blocks of round keys or tweaks left on the "
+              "stack after decrypting", x->vaes ? "VAES" : "OpenSSL",
+              key_len * 8, ss, found);
+      xts_destroy (x);
+      free (x);
+      free (pat);
+      free (buf);
+    }
+}
+
 /* Zero writes encrypted zeros; fast zero is refused; trim passes only
  * with allow_discards and only whole sectors.
  */
@@ -949,6 +1060,7 @@ main (void)
             openssl ? "OpenSSL" : "VAES");
     test_openssl_xts ();
     test_xts_alone ();
+    test_stack_wiped ();
     test_zero_trim ("", 512);
     test_zero_trim ("1 allow_discards", 512);
     test_zero_trim ("2 allow_discards sector_size:4096", 4096);
