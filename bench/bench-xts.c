@@ -55,7 +55,7 @@ xts_make (bool openssl)
   x->key_size = key_size;
   x->sector_size = sector;
   x->iv_mode = XTS_IV_PLAIN64;
-  xts_openssl_only = openssl;
+  mapper_crypt_openssl = openssl;
   if (xts_init (x, &err) < 0) {
     fprintf (stderr, "bench-xts: xts_init: %s\n", err.msg);
     exit (1);

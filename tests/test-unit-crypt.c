@@ -518,14 +518,16 @@ xts_new (const unsigned char *key, size_t key_len, const char *mode,
   if (xts_init (x, &err) < 0)
     UNIT_FATAL ("xts_init: %s", err.msg);
   /* The path under test is the one chosen. */
-  CHECK_EQ (x->vaes, !xts_openssl_only && xts_vaes_usable ());
+  CHECK_EQ (x->vaes, !mapper_crypt_openssl && xts_vaes_usable ());
   return x;
 }
 
 /* Convert, from target offset toff, nsec sectors of random plaintext
  * out of place and back in place, against OpenSSL's XTS; then the same
  * with every slot of the pool taken (each conversion then keys
- * contexts of its own).
+ * contexts of its own).  The buffers at odd addresses (the transform
+ * may not assume any alignment: a client's buffer is read into as it
+ * is).
  */
 static void
 test_xts_alone_one (const char *mode, size_t key_len, uint64_t ss,
@@ -533,11 +535,13 @@ test_xts_alone_one (const char *mode, size_t key_len, uint64_t ss,
                     size_t nsec, uint64_t seed)
 {
   const size_t size = nsec * ss;
-  unsigned char key[64], *plain = malloc (size), *want = malloc (size);
-  unsigned char *got = malloc (size);
+  unsigned char key[64], *plain_buf = malloc (size + 64);
+  unsigned char *want = malloc (size), *got_buf = malloc (size + 64);
+  unsigned char *plain = plain_buf + 1 + seed % 63;
+  unsigned char *got = got_buf + 1 + (seed + 7) % 63;
   struct crypt_xts *x;
 
-  if (plain == NULL || want == NULL || got == NULL)
+  if (plain_buf == NULL || want == NULL || got_buf == NULL)
     UNIT_FATAL ("out of memory");
   unit_fill (key, key_len, seed, 0);
   unit_fill (plain, size, seed + 1, 0);
@@ -569,9 +573,9 @@ test_xts_alone_one (const char *mode, size_t key_len, uint64_t ss,
   CHECK (unit_is_zero (x->rk, sizeof x->rk));     /* the round keys too */
   CHECK (x->slots[0].ctx[XTS_CTX_ENC] == NULL);
   free (x);
-  free (plain);
+  free (plain_buf);
   free (want);
-  free (got);
+  free (got_buf);
 }
 
 static void
@@ -1055,7 +1059,7 @@ main (void)
    * which is all there is elsewhere.
    */
   for (int openssl = !xts_vaes_usable (); openssl <= 1; openssl++) {
-    xts_openssl_only = openssl;
+    mapper_crypt_openssl = openssl;
     printf ("test-unit-crypt: the %s transform\n",
             openssl ? "OpenSSL" : "VAES");
     test_openssl_xts ();

@@ -44,6 +44,16 @@
   __attribute__ ((target ("aes,avx512f,vaes,vpclmulqdq")))
 #define XTS_CHUNK 512           /* bytes per group of 8 registers */
 
+/* The CPU's features, and the OS's: GCC's and clang's runtimes report
+ * AVX-512F only if OSXSAVE is set and XGETBV says the OS saves the SSE,
+ * AVX, opmask and ZMM state (libgcc's get_available_features tests
+ * (XCR0 & 0xe6) == 0xe6; compiler-rt's the same bits), so that asking
+ * for avx512f is the XCR0 check too.  The instructions used (512-bit
+ * forms only, EVEX on zmm) need no AVX512VL or BW.  The functions below are
+ * the only ones compiled for these features (target attributes, no
+ * -m flag for the file); xts_iv, inlined into them, is also compiled
+ * plainly for its other callers.
+ */
 bool
 xts_vaes_usable (void)
 {

@@ -27,7 +27,13 @@
 #define XTS_BATCH_MAX_SECTOR 1024    /* larger sectors: OpenSSL's XTS */
 #define XTS_BLOCK 16
 
-bool xts_openssl_only;
+bool mapper_crypt_openssl;
+
+const char *
+mapper_crypt_transform (void)
+{
+  return !mapper_crypt_openssl && xts_vaes_usable () ? "VAES" : "OpenSSL";
+}
 
 /* Each thread's first choice of slot (0: not chosen yet). */
 static _Atomic unsigned xts_next_hint;
@@ -114,7 +120,7 @@ xts_init (struct crypt_xts *x, struct mapper_err *err)
   if ((r = xts_check_key (x, err)) < 0)
     return r;
   x->sector_shift = __builtin_ctz (x->sector_size) - MAPPER_SECTOR_SHIFT;
-  if (!xts_openssl_only && xts_vaes_usable ()) {
+  if (!mapper_crypt_openssl && xts_vaes_usable ()) {
     x->vaes = true;
     xts_vaes_keys (x);
     return 0;
