@@ -14,7 +14,8 @@
  * over requests of many lengths.  The transform alone (crypt-xts.c, no
  * device, no I/O) against the same reference, in place and not, from
  * every kind of offset, also when every context slot is taken, and its
- * refusals, and that it leaves no round key or tweak on the stack.  That
+ * refusals, and that it leaves no round key or tweak on the stack or in
+ * the vector registers.  That
  * the bytes are what Linux writes is checked against an
  * independent implementation in test-crypt.sh.  dm-crypt's messages
  * (key wipe, key set) and the resume they block.
@@ -645,6 +646,67 @@ stack_leftovers (const unsigned char (*pat)[16], size_t npat)
   return found;
 }
 
+/* The vector registers as a conversion left them: zmm0-31 into out,
+ * 16 blocks of 16 bytes each (where the CPU has AVX-512).  Nothing
+ * between the conversion's return and this call may use them: the
+ * caller calls it first.
+ */
+#if XTS_HAVE_VAES
+#define ZMM_STORE(n) "vmovdqu64 %%zmm" #n ", " #n "*64(%0)\n\t"
+static __attribute__ ((noinline, target ("avx512f"))) void
+vector_registers (unsigned char (*out)[16])
+{
+  __asm__ volatile (ZMM_STORE (0) ZMM_STORE (1) ZMM_STORE (2) ZMM_STORE (3)
+                    ZMM_STORE (4) ZMM_STORE (5) ZMM_STORE (6) ZMM_STORE (7)
+                    ZMM_STORE (8) ZMM_STORE (9) ZMM_STORE (10) ZMM_STORE (11)
+                    ZMM_STORE (12) ZMM_STORE (13) ZMM_STORE (14)
+                    ZMM_STORE (15) ZMM_STORE (16) ZMM_STORE (17)
+                    ZMM_STORE (18) ZMM_STORE (19) ZMM_STORE (20)
+                    ZMM_STORE (21) ZMM_STORE (22) ZMM_STORE (23)
+                    ZMM_STORE (24) ZMM_STORE (25) ZMM_STORE (26)
+                    ZMM_STORE (27) ZMM_STORE (28) ZMM_STORE (29)
+                    ZMM_STORE (30) ZMM_STORE (31)
+                    : : "r" (out) : "memory");
+}
+#undef ZMM_STORE
+#endif
+
+/* How many of the n blocks at regs equal one of pat. */
+static size_t
+blocks_found (const unsigned char (*regs)[16], size_t n,
+              const unsigned char (*pat)[16], size_t npat)
+{
+  size_t found = 0;
+
+  for (size_t i = 0; i < n; i++)
+    for (size_t k = 0; k < npat; k++)
+      found += memcmp (regs[i], pat[k], 16) == 0;
+  return found;
+}
+
+/* Blocks of pat in the vector registers, read at once (0 without
+ * AVX-512: the OpenSSL transform's AES-NI registers are its own).
+ */
+static __attribute__ ((noinline)) size_t
+registers_leftovers (const unsigned char (*pat)[16], size_t npat)
+{
+#if XTS_HAVE_VAES
+  unsigned char regs[32 * 4][16];
+  size_t found;
+
+  if (!xts_vaes_usable ())
+    return 0;
+  vector_registers (regs);
+  found = blocks_found ((const unsigned char (*)[16]) regs, 32 * 4, pat,
+                        npat);
+  explicit_bzero (regs, sizeof regs);   /* not for stack_leftovers to see */
+  return found;
+#else
+  (void) pat, (void) npat;
+  return 0;
+#endif
+}
+
 /* T * x in GF(2^128) (P1619): the reference's tweak doubling. */
 static void
 tweak_double (unsigned char t[16])
@@ -664,7 +726,9 @@ tweak_double (unsigned char t[16])
 /* Round keys and tweaks are secrets (the tweaks, E_K2 of the sector
  * numbers, with the ciphertext give the input of E_K1): after a
  * conversion none may be left on the stack, in spilled registers or
- * arrays (crypt-xts-vaes.c's frame is over 3K of them).  Every round key
+ * arrays (crypt-xts-vaes.c's frame is over 3K of them), nor in the
+ * vector registers (a worker's zmm16-31 may keep them for as long as the
+ * thread lives: past a key wipe, and into a core dump).  Every round key
  * (VAES: the transform's; OpenSSL: its contexts' are not ours to see,
  * the two key halves stand for them) and every block's tweak of the
  * sectors converted is looked for.
@@ -713,8 +777,24 @@ test_stack_wiped (void)
         memcpy (pat[n++], key + key_len / 2, 16);
       }
 
+      /* The key schedule (xts_init) too: the same keys again. */
+      if (x->vaes) {
+        struct mapper_err err = { "" };
+
+        xts_destroy (x);
+        memcpy (x->key, key, key_len);
+        CHECK (xts_init (x, &err) == 0);
+        found = registers_leftovers ((const unsigned char (*)[16]) pat, n);
+        CHECKF (found == 0, "VAES transform, %zu-bit key: %zu round keys "
+                "left in vector registers by xts_init", key_len * 8, found);
+      }
       CHECK (xts_convert (x, true, 0, (char *) buf, (char *) buf,
                           size) == 0);
+      found = registers_leftovers ((const unsigned char (*)[16]) pat, n);
+      CHECKF (found == 0, "%s transform, %zu-bit key, sector_size %"
+              PRIu64 ": %zu blocks of round keys or tweaks left in vector "
+              "registers after encrypting", x->vaes ? "VAES" : "OpenSSL",
+              key_len * 8, ss, found);
       found = stack_leftovers ((const unsigned char (*)[16]) pat, n);
       CHECKF (found == 0, "%s transform, %zu-bit key, sector_size %"
               PRIu64 ": %zu blocks of round keys or tweaks left on the "
@@ -722,6 +802,11 @@ test_stack_wiped (void)
               key_len * 8, ss, found);
       CHECK (xts_convert (x, false, 0, (char *) buf, (char *) buf,
                           size) == 0);
+      found = registers_leftovers ((const unsigned char (*)[16]) pat, n);
+      CHECKF (found == 0, "%s transform, %zu-bit key, sector_size %"
+              PRIu64 ": %zu blocks of round keys or tweaks left in vector "
+              "registers after decrypting", x->vaes ? "VAES" : "OpenSSL",
+              key_len * 8, ss, found);
       found = stack_leftovers ((const unsigned char (*)[16]) pat, n);
       CHECKF (found == 0, "%s transform, %zu-bit key, sector_size %"
               PRIu64 ": %zu blocks of round keys or tweaks left on the "
