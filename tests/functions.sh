@@ -38,7 +38,13 @@ _run_cleanups ()
     for (( i=${#_cleanups[@]}-1; i>=0; i-- )); do
         eval "${_cleanups[$i]}" || :
     done
-    rm -rf "$tmpdir"
+    # NBDMAPPER_KEEP_FAILED=1: a failed test leaves its scratch dir (and
+    # says where), for the evidence of a failure seen once in a while.
+    if [ "$status" -ne 0 ] && [ -n "${NBDMAPPER_KEEP_FAILED:-}" ]; then
+        echo "$0: kept $tmpdir" >&2
+    else
+        rm -rf "$tmpdir"
+    fi
     # A server that had to be killed (stop_pidfile) fails the test, even
     # when it was stopped by a cleanup after everything else passed.
     if [ "$status" -eq 0 ] && [ -n "$_stop_failed" ]; then
