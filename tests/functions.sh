@@ -418,6 +418,18 @@ start_qemu_nbd ()
     wait_for test -s "$tmpdir/$1.pid" || die "qemu-nbd $1 did not start"
 }
 
+# kill_job PID [SIGNAL]: signal PID (SIGTERM unless told) if it is still
+# a running background job of this shell, for cleanups.  A plain "kill
+# $pid" of a job that has ended (waited for, or reaped by the shell)
+# signals whatever process got the number since: under load pids wrap
+# around here every few seconds (pid_max 32768), and test-mirror-log.sh's
+# cleanup sent SIGKILL to the pid of a writer it had waited for.
+kill_job ()
+{
+    jobs -rp | grep -qx "$1" || return 0
+    kill "-${2:-TERM}" "$1" 2>/dev/null || :
+}
+
 # mkfile NAME SIZE: a sparse backing file in the scratch dir; prints its path.
 mkfile ()
 {
