@@ -38,7 +38,13 @@ _run_cleanups ()
     for (( i=${#_cleanups[@]}-1; i>=0; i-- )); do
         eval "${_cleanups[$i]}" || :
     done
-    rm -rf "$tmpdir"
+    # NBDMAPPER_KEEP_FAILED=1: a failed test leaves its scratch dir (and
+    # says where), for the evidence of a failure seen once in a while.
+    if [ "$status" -ne 0 ] && [ -n "${NBDMAPPER_KEEP_FAILED:-}" ]; then
+        echo "$0: kept $tmpdir" >&2
+    else
+        rm -rf "$tmpdir"
+    fi
     # A server that had to be killed (stop_pidfile) fails the test, even
     # when it was stopped by a cleanup after everything else passed.
     if [ "$status" -eq 0 ] && [ -n "$_stop_failed" ]; then
@@ -412,6 +418,18 @@ start_qemu_nbd ()
     wait_for test -s "$tmpdir/$1.pid" || die "qemu-nbd $1 did not start"
 }
 
+# kill_job PID [SIGNAL]: signal PID (SIGTERM unless told) if it is still
+# a running background job of this shell, for cleanups.  A plain "kill
+# $pid" of a job that has ended (waited for, or reaped by the shell)
+# signals whatever process got the number since: under load pids wrap
+# around here every few seconds (pid_max 32768), and test-mirror-log.sh's
+# cleanup sent SIGKILL to the pid of a writer it had waited for.
+kill_job ()
+{
+    jobs -rp | grep -qx "$1" || return 0
+    kill "-${2:-TERM}" "$1" 2>/dev/null || :
+}
+
 # mkfile NAME SIZE: a sparse backing file in the scratch dir; prints its path.
 mkfile ()
 {
@@ -533,13 +551,73 @@ stop_pidfile ()
     return 1
 }
 
+# private_mounts: re-run this test (from the start, as "$BASH" "$0") in
+# a mount namespace of its own, so that what it mounts (nbdfuse, ext4 on
+# a loop device) is in no other namespace.  A namespace made meanwhile by
+# anyone else ("ip netns exec" in another suite's netns tests, unshare
+# -m) starts as a copy of every mount of the moment, and here mounts are
+# private (no propagation): our umount then leaves that copy mounted, and
+# the filesystem stays alive there until that namespace ends, its last
+# writes and its superblock not on the device, with the loop device and
+# the FUSE mount held.  fsck then finds wrong free counts, and a fresh
+# server reads files as they were before the last writes: test-ext4.sh's
+# failures under load.  In the new namespace, the copies of other tests'
+# mounts are dropped, so as not to hold theirs in turn.  Call it before
+# any cleanup_fn.  Where a mount namespace cannot be made it does nothing
+# (ext4_umount still catches a filesystem held elsewhere).
+private_mounts ()
+{
+    local m
+    if [ "${_NBDMAPPER_MOUNT_NS:-}" != "$$" ]; then
+        unshare -m --propagation private true 2>/dev/null || return 0
+        [ "${#_cleanups[@]}" -eq 0 ] ||
+            die "private_mounts: called after a cleanup_fn"
+        trap - EXIT
+        rm -rf "$tmpdir"
+        # NBDMAPPER_OUTER_MNT_NS: the namespace the test started in, where
+        # other tests make their copies (test-ext4-mount-ns.sh makes one).
+        exec {m}</proc/self/ns/mnt
+        NBDMAPPER_OUTER_MNT_NS=/proc/$$/fd/$m _NBDMAPPER_MOUNT_NS=$$ \
+            exec unshare -m --propagation private "$BASH" "$0"
+    fi
+    for m in $(awk '$5 ~ /\/nbdmapper-test\./ { print $5 }' /proc/self/mountinfo |
+                   grep -vF "$tmpdir" | sort -r); do
+        umount -l "$m" 2>/dev/null || :
+    done
+}
+
+# ext4_umount DIR: umount the ext4 filesystem mounted on DIR, and fail
+# the test, naming who holds it, if it is still mounted somewhere (in
+# another mount namespace, see private_mounts): it would stay alive with
+# its last writes not on the device.
+ext4_umount ()
+{
+    local dev pids p
+    dev=$(findmnt -n -o SOURCE --mountpoint "$1") ||
+        die "ext4_umount $1: nothing mounted there"
+    umount "$1"
+    [ -e "/sys/fs/ext4/${dev##*/}" ] || return 0
+    pids=$(grep -l -e " $dev " /proc/[0-9]*/mountinfo 2>/dev/null |
+               cut -d/ -f3 | tr '\n' ' ')
+    pids=${pids% }
+    for p in $pids; do
+        echo "$0: pid $p ($(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null))" \
+             "mounts $dev in mount namespace $(readlink "/proc/$p/ns/mnt")" >&2
+    done
+    die "umount $1: the ext4 on $dev is still mounted elsewhere" \
+        "(pids: ${pids:-none found}): its last writes are not on the device"
+}
+
 # ext4_fuse_preflight: skip the test (exit 77) unless an ext4 filesystem
 # on nbdfuse + a loop device can work here at all, independent of the
 # plugin (containers often cannot): the tools, a loop device on a file with
 # ext4 mounted from it, and (given nbdkit's memory plugin) an nbdfuse mount.
+# Then the test runs in a mount namespace of its own (private_mounts):
+# call it first, before any cleanup_fn.
 ext4_fuse_preflight ()
 {
     local preloop pf
+    private_mounts
     requires nbdfuse --version
     requires fusermount3 --version
     requires test -c /dev/fuse

@@ -19,6 +19,7 @@ SHELL_TESTS = \
 	test-qemu.sh \
 	test-fio.sh \
 	test-ext4.sh \
+	test-ext4-mount-ns.sh \
 	test-mirror.sh \
 	test-mirror-remote.sh \
 	test-mirror-read-balance.sh \

@@ -36,12 +36,51 @@ fuse_attach "$uri" || { echo "nbdfuse did not come up"; exit 1; }
     { echo "FUSE file has the wrong size"; exit 1; }
 echo "loop device: $loop"
 
+# evidence WHAT: on a failure, what tells where the bad blocks come
+# from, in $tmpdir/evidence (kept with NBDMAPPER_KEEP_FAILED, see
+# functions.sh): the loop device's binding and every loop device of the
+# machine at that moment, and the device's content as read four ways -
+# through the loop device (its page cache, and O_DIRECT), through the
+# FUSE file and from the server on a new connection - each checked by
+# fsck.  (The failures under load were a filesystem held mounted by
+# another mount namespace, see private_mounts: all four agreed, on the
+# blocks of before the last writes.)
+evidence ()
+{
+    local e=$tmpdir/evidence
+    mkdir -p "$e"
+    {
+        echo "failed: $1 (phase $phase, loop $loop)"
+        losetup -l -O NAME,BACK-FILE,DIO,AUTOCLEAR,OFFSET "$loop"
+        echo "--- losetup -a"; losetup -a
+        echo "--- mounts"; grep -e " $tmpdir/" /proc/mounts
+    } > "$e/info" 2>&1
+    if [ -n "${NBDMAPPER_KEEP_FAILED:-}" ]; then
+        if mountpoint -q "$tmpdir/mnt"; then umount "$tmpdir/mnt" || :; fi
+        dd if="$loop" of="$e/via-loop.img" bs=1M status=none || :
+        dd if="$loop" of="$e/via-loop-direct.img" bs=1M iflag=direct \
+           status=none || :
+        dd if="$tmpdir/fuse/nbd" of="$e/via-fuse.img" bs=1M status=none || :
+        nbdcopy "$uri" "$e/via-server.img" || :
+        for i in via-loop via-loop-direct via-fuse via-server; do
+            echo "--- $i: $(sha256sum < "$e/$i.img")"
+            fsck.ext4 -fn "$e/$i.img" 2>&1 | tail -n 3
+        done >> "$e/info" 2>&1
+    fi
+    cat "$e/info"
+}
+
 fsck_clean ()
 {
     local rc=0
     fsck.ext4 -fn "$loop" > "$tmpdir/fsck.out" 2>&1 || rc=$?
     cat "$tmpdir/fsck.out"
-    [ $rc -eq 0 ] || { echo "fsck.ext4 -fn exit $rc"; exit 1; }
+    [ $rc -eq 0 ] ||
+        { echo "fsck.ext4 -fn exit $rc"; evidence "fsck $rc"; exit 1; }
+    # -n answers no and may still exit 0: wrong free counts, a device in
+    # use (mounted elsewhere) are not a clean filesystem.
+    ! grep -Eq 'Fix\? no|is in use|recovery' "$tmpdir/fsck.out" ||
+        { echo "fsck.ext4 -fn: not clean"; evidence "fsck output"; exit 1; }
 }
 
 sums ()
@@ -84,31 +123,31 @@ for i in range(3, 300, 11):
 PYEOF
     sums > "$tmpdir/sums"
     sync
-    umount "$tmpdir/mnt"
+    ext4_umount "$tmpdir/mnt"
     fsck_clean
     mount -t ext4 "$loop" "$tmpdir/mnt"
     sums > "$tmpdir/sums2"
     cmp "$tmpdir/sums" "$tmpdir/sums2" ||
-        { diff "$tmpdir/sums" "$tmpdir/sums2" | head; exit 1; }
+        { diff "$tmpdir/sums" "$tmpdir/sums2" | head; evidence sums2; exit 1; }
     # Overwrite part of the big file in place, and trim free space.
     dd if=/dev/urandom of="$tmpdir/mnt/big" bs=4k count=300 seek=1000 \
        conv=notrunc status=none
     rm -f "$tmpdir/mnt/d1/d2/f00"*
     fstrim -v "$tmpdir/mnt" 2>/dev/null || :
     sums > "$tmpdir/sums"
-    umount "$tmpdir/mnt"
+    ext4_umount "$tmpdir/mnt"
     fsck_clean
 else
     fsck_clean
     mount -t ext4 -o ro "$loop" "$tmpdir/mnt"
     sums > "$tmpdir/sums3"
     cmp "$tmpdir/sums" "$tmpdir/sums3" ||
-        { diff "$tmpdir/sums" "$tmpdir/sums3" | head; exit 1; }
+        { diff "$tmpdir/sums" "$tmpdir/sums3" | head; evidence sums3; exit 1; }
     echo "$(wc -l < "$tmpdir/sums3") files verified after restart"
-    umount "$tmpdir/mnt"
+    ext4_umount "$tmpdir/mnt"
 fi
 EOF
-declare -f fuse_detach fuse_attach wait_for > "$tmpdir/cleanup.sh"
+declare -f fuse_detach fuse_attach wait_for ext4_umount die > "$tmpdir/cleanup.sh"
 echo "tmpdir=$(printf %q "$tmpdir")" >> "$tmpdir/cleanup.sh"
 
 size=$(( (len + 2048) * 512 ))

@@ -70,7 +70,7 @@ dd if=/dev/urandom of="$tmpdir/mnt/kept/f00" bs=4k count=3 conv=notrunc,fsync \
    status=none
 rm -f "$tmpdir/mnt/kept/f01"
 sync
-umount "$tmpdir/mnt"
+ext4_umount "$tmpdir/mnt"
 fuse_detach
 
 # 3. Power back: replay, check.
@@ -88,7 +88,7 @@ sums > "$tmpdir/after.sums"
 cmp "$tmpdir/kept.sums" "$tmpdir/after.sums" ||
     { diff "$tmpdir/kept.sums" "$tmpdir/after.sums" | head; \
       die "fsynced files changed or lost"; }
-umount "$tmpdir/mnt"
+ext4_umount "$tmpdir/mnt"
 fuse_detach
 
 echo "$0: ok"

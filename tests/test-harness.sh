@@ -138,4 +138,23 @@ EOF
     says "report-$how" 'made by tests/report-shim.c'
     says "report-$how" 'sanitizer report'
 done
+# 8. kill_job signals a running job of the test and nothing else: a pid
+#    that is not one (an ended job's, which another process may have got
+#    since: here a process started elsewhere) is left alone.
+run_case killjob 0 <<EOF
+sleep 60 & job=\$!
+sh -c 'sleep 60 > /dev/null & echo \$!' > "\$tmpdir/other.pid"
+other=\$(cat "\$tmpdir/other.pid")
+kill_job "\$other"
+# (Signalled, it would be a zombie until init reaps it.)
+state=\$(cut -d' ' -f3 "/proc/\$other/stat" 2>/dev/null) || :
+[ -n "\$state" ] && [ "\$state" != Z ] ||
+    { echo "kill_job signalled a process not its job (\$state)"; exit 1; }
+kill "\$other"
+kill_job "\$job"
+! wait "\$job" || { echo "kill_job did not signal its job"; exit 1; }
+echo "case passed"
+EOF
+says killjob 'case passed'
+
 echo "test-harness: ok"

@@ -38,7 +38,7 @@ mkdir "$tmpdir/ctl"
 python3 "$top_srcdir/tests/nbd_proxy.py" "$tmpdir/p.sock" "$tmpdir/r.sock" \
     "$tmpdir/ctl" &
 proxy=$!
-cleanup_fn "kill $proxy"
+cleanup_fn "kill_job $proxy"
 wait_for test -e "$tmpdir/ctl/ready" || die "the proxy did not start"
 
 # Two devices on the same backend: d directly, c through the proxy

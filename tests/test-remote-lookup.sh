@@ -38,7 +38,7 @@ printf 'nameserver 127.0.0.1\noptions timeout:30 attempts:1\n' \
 
 ip netns exec "$ns" python3 "$top_srcdir/tests/fake_dns.py" "$tmpdir" &
 dns=$!
-cleanup_fn "kill $dns"
+cleanup_fn "kill_job $dns"
 wait_file "$tmpdir/dns.ready"
 
 # The backend behind the host name, in the namespace; lookup.py starts

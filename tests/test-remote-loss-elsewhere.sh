@@ -27,7 +27,7 @@ start_server r memory 16M            # forgets everything when it restarts
 mkdir "$tmpdir/ctl"
 python3 "$top_srcdir/tests/nbd_proxy.py" "$tmpdir/p.sock" "$tmpdir/r.sock" "$tmpdir/ctl" &
 proxy=$!
-cleanup_fn "kill $proxy"
+cleanup_fn "kill_job $proxy"
 wait_for test -e "$tmpdir/ctl/ready" || die "the proxy did not start"
 
 echo "0 32768 linear nbd+unix:///?socket=$tmpdir/p.sock 0" > "$tmpdir/d.table"

@@ -53,7 +53,7 @@ open(sys.argv[2], "w").write("ready\n")
 held = []
 while True:
     held.append(s.accept())' "$tmpdir/mute.sock" "$tmpdir/mute.ready" &
-cleanup_fn "kill $!"
+cleanup_fn "kill_job $!"
 wait_file "$tmpdir/mute.ready"
 echo "0 2048 linear nbd+unix:///?socket=$tmpdir/mute.sock 0" > "$tmpdir/mute.table"
 if mapper -U - remote-timeout=2 "$tmpdir/mute.table" --run true \

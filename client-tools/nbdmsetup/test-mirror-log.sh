@@ -94,7 +94,7 @@ while True:
     h.pwrite(rng.randbytes(65536), 4 * 1048576 + rng.randrange(64) * 65536)
 EOF
 $PY "$tmpdir/writer.py" "$uri" & writer=$!
-cleanup_fn "kill -9 $writer 2>/dev/null || :"
+cleanup_fn "kill_job $writer KILL"
 marked () { [ -n "$(dirty "$log")" ]; }
 wait_for marked || die "the writer marked nothing"
 sleep 1

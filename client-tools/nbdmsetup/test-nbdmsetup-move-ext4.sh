@@ -45,7 +45,7 @@ sync
 sums () { (cd "$1" && find . -type f ! -name stop ! -name writes -print0 |
                sort -z | xargs -0 sha256sum); }
 sums "$tmpdir/mnt" > "$tmpdir/sums"
-umount "$tmpdir/mnt"
+ext4_umount "$tmpdir/mnt"
 fsck.ext4 -fn "$loop" || die "fsck through the moved device"
 fuse_detach
 
@@ -59,5 +59,5 @@ echo "$checkloop" > "$tmpdir/checkloop"
 mount -t ext4 -o ro,noload "$checkloop" "$tmpdir/check"
 sums "$tmpdir/check" | diff - "$tmpdir/sums" ||
     die "DEST does not hold the files seen on the mount"
-umount "$tmpdir/check"; losetup -d "$checkloop"; rm "$tmpdir/checkloop"
+ext4_umount "$tmpdir/check"; losetup -d "$checkloop"; rm "$tmpdir/checkloop"
 echo "$0: ok"

@@ -22,7 +22,7 @@ proxy ()
     mkdir "$tmpdir/$1"
     python3 "$top_srcdir/client-tools/nbdmsetup/rewrite_proxy.py" \
         "$tmpdir/$1.sock" "$sock" "$tmpdir/$1" "$2" "$3" &
-    cleanup_fn "kill $! 2>/dev/null"
+    cleanup_fn "kill_job $!"
     for (( i = 0; i < 100; i++ )); do
         [ -S "$tmpdir/$1.sock" ] && break
         sleep 0.1
@@ -57,7 +57,7 @@ done
 # read as 1970, the count went into the JSON as it was.
 nbdsh -u "nbd+unix:///q?socket=$sock" -c 'import time; time.sleep(30)' &
 client=$!
-cleanup_fn "kill $client 2>/dev/null"
+cleanup_fn "kill_job $client"
 [ "$(steady ms clients q | wc -l)" -eq 2 ] || die "q's client not listed"
 proxy since "\\t0\\t1" "\\t0\\tx"
 fails 'clients: malformed response \(row [12]\)' px clients

@@ -17,7 +17,7 @@ ms suspend low
 nbdsh -u "nbd+unix:///up?socket=$sock" \
     -c 'h.pread(512, 0); print("read done", flush=True)' > "$tmpdir/read.out" &
 reader=$!
-cleanup_fn "kill $reader 2>/dev/null"
+cleanup_fn "kill_job $reader"
 # The read is in flight in up (held at low's gate).
 in_flight () { ms stats --json up | grep -q '"in_progress": 1'; }
 wait_for in_flight || die "the read of up is not in flight"

@@ -21,7 +21,7 @@ while True:
     conns.append(s.accept()[0])
 PYEOF
 silent_pid=$!
-cleanup_fn "kill $silent_pid"
+cleanup_fn "kill_job $silent_pid"
 wait_for test -S "$tmpdir/silent"
 silent="nbd+unix:///control?socket=$tmpdir/silent"
 fails "^nbdmsetup: nbd\+unix:.*: timed out after 1 s connecting \(--timeout\)$" \

@@ -58,10 +58,10 @@ echo "$snaploop" > "$tmpdir/snaploop"
 mount -t ext4 -o ro,noload "$snaploop" "$tmpdir/snap"
 sums "$tmpdir/snap" | diff - "$tmpdir/sums.snap" ||
     die "the snapshot does not hold the files of the freeze"
-umount "$tmpdir/snap"; losetup -d "$snaploop"; rm "$tmpdir/snaploop"
+ext4_umount "$tmpdir/snap"; losetup -d "$snaploop"; rm "$tmpdir/snaploop"
 
 # The origin, after the writers.
-umount "$tmpdir/mnt"
+ext4_umount "$tmpdir/mnt"
 fsck.ext4 -fn "$loop" || die "fsck of the origin"
 fuse_detach
 ms remove t2
