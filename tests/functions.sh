@@ -38,6 +38,12 @@ _run_cleanups ()
     for (( i=${#_cleanups[@]}-1; i>=0; i-- )); do
         eval "${_cleanups[$i]}" || :
     done
+    # What the cleanups left running fails the test, skipped or passed:
+    # it would outlive the test (a server whose pid file a restart had
+    # overwritten), holding its port, files and CPU.
+    if ! _leak_check; then
+        [ "$status" -ne 0 ] && [ "$status" -ne 77 ] || status=1
+    fi
     rm -rf "$tmpdir"
     # A server that had to be killed (stop_pidfile) fails the test, even
     # when it was stopped by a cleanup after everything else passed.
@@ -45,6 +51,97 @@ _run_cleanups ()
         status=1
     fi
     exit $status
+}
+
+# _test_procs: the processes of this test, but for its shell: the shell's
+# descendants, and any process whose command line, working directory or
+# open files name $tmpdir (a daemonised server has init as its parent, and
+# its pid file, socket or image there): in _procs, "PID WHY" each.  Other tests'
+# processes name their own scratch directories (mktemp's names are
+# unique), a loop device or a FUSE mount being detached is the kernel's
+# (no process), and this scan's only processes are one find, run from /,
+# whose command line names $tmpdir but which reads no command lines:
+# about 30 ms.
+_test_procs ()
+{
+    local -A why=()
+    local todo=("$$") p f kids k out args
+    # Descendants (Linux's /proc/PID/task/TID/children).
+    while [ "${#todo[@]}" -gt 0 ]; do
+        p=${todo[-1]}; unset 'todo[-1]'
+        for f in /proc/"$p"/task/*/children; do
+            kids=()
+            read -ra kids 2>/dev/null < "$f" || :
+            for k in ${kids[@]+"${kids[@]}"}; do
+                why[$k]+=" child"; todo+=("$k")
+            done
+        done
+    done
+    out=$(cd / && exec find /proc/[0-9]*/cwd /proc/[0-9]*/fd -maxdepth 1 \
+                     -lname "$tmpdir*" 2>/dev/null) || :
+    while IFS=/ read -r _ _ p f; do
+        [ -z "$p" ] || why[$p]+=" $f"
+    done <<< "$out"
+    for f in /proc/[0-9]*/cmdline; do
+        mapfile -d '' args 2>/dev/null < "$f" || continue
+        [[ ${args[*]-} != *"$tmpdir"* ]] || {
+            p=${f#/proc/}; why[${p%/cmdline}]+=" command-line"; }
+    done
+    unset 'why[$$]'
+    _procs=()
+    for p in "${!why[@]}"; do
+        ! _running "$p" || _procs+=("$p${why[$p]}")
+    done
+}
+# _running PID: it runs (not gone, not a zombie: a zombie has closed its
+# files and sockets, and its parent reaps it).
+_running ()
+{
+    local st
+    read -r st 2>/dev/null < "/proc/$1/stat" || return 1
+    st=${st##*) }
+    [ "${st:0:1}" != Z ]
+}
+# _leak_check: fails (and says so) if any of the test's processes
+# (_test_procs) is still running after its cleanups: each is named
+# (pid, why it is the test's, command line), then sent SIGTERM, and
+# SIGKILL if still there after _stop_wait s.  One that is going already
+# (a cleanup signalled it without waiting) has 2 s to go.
+_leak_check ()
+{
+    local procs=() left=() p i args
+    _test_procs
+    procs=(${_procs[@]+"${_procs[@]}"})
+    [ "${#procs[@]}" -gt 0 ] || return 0
+    for (( i = 0; i < 20; i++ )); do
+        left=()
+        for p in "${procs[@]}"; do
+            ! _running "${p%% *}" || left+=("$p")
+        done
+        [ "${#left[@]}" -gt 0 ] || return 0
+        sleep 0.1
+    done
+    for p in "${left[@]}"; do
+        args=()
+        mapfile -d '' args 2>/dev/null < "/proc/${p%% *}/cmdline" || :
+        echo "$0: FAIL: pid ${p%% *} still running at the end of the test" \
+             "(${p#* }): ${args[*]-}" >&2
+        kill -TERM "${p%% *}" 2>/dev/null || :
+    done
+    for (( i = 0; i < _stop_wait * 10; i++ )); do
+        procs=()
+        for p in "${left[@]}"; do
+            ! _running "${p%% *}" || procs+=("$p")
+        done
+        [ "${#procs[@]}" -gt 0 ] || return 1
+        sleep 0.1
+    done
+    for p in "${procs[@]}"; do
+        echo "$0: FAIL: pid ${p%% *} did not exit within $_stop_wait s of" \
+             "SIGTERM: killed with SIGKILL" >&2
+        kill -KILL "${p%% *}" 2>/dev/null || :
+    done
+    return 1
 }
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
 # A signal exits with 128+N, which runs the cleanups once (as the EXIT
