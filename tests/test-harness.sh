@@ -192,4 +192,21 @@ wait_for grep -q up "\$tmpdir/up"
 EOF
 says stubborn 'still running at the end of the test .*: sleep 60'
 says stubborn 'did not exit within 1 s of SIGTERM: killed with SIGKILL'
+
+# 10. nbdcheck.mapper_run (the Python tests' server in the foreground):
+#     one that needs SIGKILL fails the command it ran for, which passed.
+#     Stopped (SIGSTOP), it cannot act on SIGTERM.
+run_case pykilled 0 <<EOF
+python3 - "$tmpdir/z.table" <<'PY'
+import sys
+from nbdcheck import mapper_run
+r = mapper_run([], [sys.argv[1]],
+               'kill -STOP "\$(cat "\$(dirname "\$unixsocket")/pid")"',
+               stop_wait=1)
+print("rc=%d" % r.returncode)
+print(r.stderr)
+PY
+EOF
+says pykilled '^rc=1$'
+says pykilled 'did not exit within 1 s of SIGTERM: killed with SIGKILL'
 echo "test-harness: ok"
