@@ -209,4 +209,13 @@ PY
 EOF
 says pykilled '^rc=1$'
 says pykilled 'did not exit within 1 s of SIGTERM: killed with SIGKILL'
+
+# 11. A C unit test runs in the harness (unit-run.sh, with its scratch
+#     directory under $tmpdir): a server it leaves running fails it too.
+rc=0
+bash "$top_srcdir/tests/unit-run.sh" sh -c \
+    'nbdkit -P "$TMPDIR/u.pid" -U "$TMPDIR/u.sock" memory 1M' \
+    > "$tmpdir/unit.out" 2>&1 || rc=$?
+[ "$rc" -eq 1 ] || { cat "$tmpdir/unit.out"; die "case unit: exit $rc, not 1"; }
+says unit 'still running at the end of the test .*: nbdkit -P /[^ ]*/u\.pid'
 echo "test-harness: ok"

@@ -48,7 +48,7 @@ static int unit_failures;
 
 /* --- a scratch directory under $TMPDIR or /tmp, removed at exit ------- */
 
-static char unit_dir[256];
+static char unit_dir[128];
 
 __attribute__ ((unused))
 static void
@@ -101,7 +101,7 @@ unit_tmpdir (void)
     const char *t = getenv ("TMPDIR");
     if (t == NULL || *t == '\0' ||
         (size_t) snprintf (unit_dir, sizeof unit_dir,
-                           "%s/nbdmapper-unit-XXXXXX", t) >= 200)
+                           "%s/nbdmapper-unit-XXXXXX", t) >= sizeof unit_dir)
       strcpy (unit_dir, "/tmp/nbdmapper-unit-XXXXXX");
     if (mkdtemp (unit_dir) == NULL) {
       perror ("mkdtemp");
