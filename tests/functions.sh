@@ -708,6 +708,25 @@ fuse_detach ()
             umount -l "$tmpdir/fuse" 2>/dev/null || :
     fi
     # Gone before the test's end (the harness fails a test that leaves
-    # processes), killed if it hangs (which fails the test).
-    stop_pidfile "$tmpdir/fusepid" || :
+    # processes), killed if it hangs (which fails the test).  Only
+    # builtins: test-ext4.sh copies this function (declare -f) into the
+    # scripts of its phases.
+    local pid i st
+    if [ -s "$tmpdir/fusepid" ]; then
+        pid=$(< "$tmpdir/fusepid")
+        rm -f "$tmpdir/fusepid"
+        kill "$pid" 2>/dev/null || :
+        for (( i = 0; i < 100; i++ )); do
+            kill -0 "$pid" 2>/dev/null || return 0
+            # A zombie has let go of its mount and device.
+            read -r st 2>/dev/null < "/proc/$pid/stat" || return 0
+            st=${st##*) }
+            [ "${st:0:1}" != Z ] || return 0
+            sleep 0.1
+        done
+        echo "$0: FAIL: nbdfuse pid $pid did not exit within 10 s of" \
+             "SIGTERM: killed with SIGKILL" >&2
+        kill -9 "$pid" 2>/dev/null || :
+        _stop_failed=1
+    fi
 }
