@@ -109,39 +109,40 @@ _running ()
 # (a cleanup signalled it without waiting) has 2 s to go.
 _leak_check ()
 {
-    local procs=() left=() p i args
+    local p args
     _test_procs
-    procs=(${_procs[@]+"${_procs[@]}"})
-    [ "${#procs[@]}" -gt 0 ] || return 0
-    for (( i = 0; i < 20; i++ )); do
-        left=()
-        for p in "${procs[@]}"; do
-            ! _running "${p%% *}" || left+=("$p")
-        done
-        [ "${#left[@]}" -gt 0 ] || return 0
-        sleep 0.1
-    done
-    for p in "${left[@]}"; do
+    ! _await_gone 20 || return 0
+    for p in "${_procs[@]}"; do
         args=()
         mapfile -d '' args 2>/dev/null < "/proc/${p%% *}/cmdline" || :
         echo "$0: FAIL: pid ${p%% *} still running at the end of the test" \
              "(${p#* }): ${args[*]-}" >&2
         kill -TERM "${p%% *}" 2>/dev/null || :
     done
-    for (( i = 0; i < _stop_wait * 10; i++ )); do
-        procs=()
-        for p in "${left[@]}"; do
-            ! _running "${p%% *}" || procs+=("$p")
-        done
-        [ "${#procs[@]}" -gt 0 ] || return 1
-        sleep 0.1
-    done
-    for p in "${procs[@]}"; do
+    ! _await_gone $((_stop_wait * 10)) || return 1
+    for p in "${_procs[@]}"; do
         echo "$0: FAIL: pid ${p%% *} did not exit within $_stop_wait s of" \
              "SIGTERM: killed with SIGKILL" >&2
         kill -KILL "${p%% *}" 2>/dev/null || :
     done
     return 1
+}
+# _await_gone TENTHS: keeps in _procs ("PID WHY" each) those still
+# running, waiting up to TENTHS tenths of a second for them to go; true
+# once none is left.
+_await_gone ()
+{
+    local i p left
+    for (( i = 0; ; i++ )); do
+        left=()
+        for p in ${_procs[@]+"${_procs[@]}"}; do
+            ! _running "${p%% *}" || left+=("$p")
+        done
+        _procs=(${left[@]+"${left[@]}"})
+        [ "${#_procs[@]}" -gt 0 ] || return 0
+        [ "$i" -lt "$1" ] || return 1
+        sleep 0.1
+    done
 }
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
 # A signal exits with 128+N, which runs the cleanups once (as the EXIT
