@@ -180,7 +180,10 @@ says child "FAIL: pid $child still running at the end of the test \\( ?child\\):
 run_case clean 0 <<EOF
 start_server a memory 1M
 nbdinfo --size "nbd+unix:///?socket=\$tmpdir/a.sock"
+# Once it is sleep: SIGTERM to the shell forked for it, before its exec,
+# can be lost (its trap, exit 143, pending when it execs).
 sleep 60 &
+wait_for grep -qx sleep "/proc/\$!/comm"
 cleanup_fn "kill \$!"
 EOF
 ! grep -q 'still running' "$tmpdir/clean.out" ||
