@@ -38,6 +38,12 @@ _run_cleanups ()
     for (( i=${#_cleanups[@]}-1; i>=0; i-- )); do
         eval "${_cleanups[$i]}" || :
     done
+    # What the cleanups left running fails the test, skipped or passed:
+    # it would outlive the test (a server whose pid file a restart had
+    # overwritten), holding its port, files and CPU.
+    if ! _leak_check; then
+        [ "$status" -ne 0 ] && [ "$status" -ne 77 ] || status=1
+    fi
     # NBDMAPPER_KEEP_FAILED=1: a failed test leaves its scratch dir (and
     # says where), for the evidence of a failure seen once in a while.
     if [ "$status" -ne 0 ] && [ -n "${NBDMAPPER_KEEP_FAILED:-}" ]; then
@@ -51,6 +57,98 @@ _run_cleanups ()
         status=1
     fi
     exit $status
+}
+
+# _test_procs: the processes of this test, but for its shell: the shell's
+# descendants, and any process whose command line, working directory or
+# open files name $tmpdir (a daemonised server has init as its parent, and
+# its pid file, socket or image there): in _procs, "PID WHY" each.  Other tests'
+# processes name their own scratch directories (mktemp's names are
+# unique), a loop device or a FUSE mount being detached is the kernel's
+# (no process), and this scan's only processes are one find, run from /,
+# whose command line names $tmpdir but which reads no command lines:
+# about 30 ms.
+_test_procs ()
+{
+    local -A why=()
+    local todo=("$$") p f kids k out args
+    # Descendants (Linux's /proc/PID/task/TID/children).
+    while [ "${#todo[@]}" -gt 0 ]; do
+        p=${todo[-1]}; unset 'todo[-1]'
+        for f in /proc/"$p"/task/*/children; do
+            kids=()
+            read -ra kids 2>/dev/null < "$f" || :
+            for k in ${kids[@]+"${kids[@]}"}; do
+                why[$k]+=" child"; todo+=("$k")
+            done
+        done
+    done
+    out=$(cd / && exec find /proc/[0-9]*/cwd /proc/[0-9]*/fd -maxdepth 1 \
+                     -lname "$tmpdir*" 2>/dev/null) || :
+    while IFS=/ read -r _ _ p f; do
+        [ -z "$p" ] || why[$p]+=" $f"
+    done <<< "$out"
+    for f in /proc/[0-9]*/cmdline; do
+        mapfile -d '' args 2>/dev/null < "$f" || continue
+        [[ ${args[*]-} != *"$tmpdir"* ]] || {
+            p=${f#/proc/}; why[${p%/cmdline}]+=" command-line"; }
+    done
+    unset 'why[$$]'
+    _procs=()
+    for p in "${!why[@]}"; do
+        ! _running "$p" || _procs+=("$p${why[$p]}")
+    done
+}
+# _running PID: it runs (not gone, not a zombie: a zombie has closed its
+# files and sockets, and its parent reaps it).
+_running ()
+{
+    local st
+    read -r st 2>/dev/null < "/proc/$1/stat" || return 1
+    st=${st##*) }
+    [ "${st:0:1}" != Z ]
+}
+# _leak_check: fails (and says so) if any of the test's processes
+# (_test_procs) is still running after its cleanups: each is named
+# (pid, why it is the test's, command line), then sent SIGTERM, and
+# SIGKILL if still there after _stop_wait s.  One that is going already
+# (a cleanup signalled it without waiting) has 2 s to go.
+_leak_check ()
+{
+    local p args
+    _test_procs
+    ! _await_gone 20 || return 0
+    for p in "${_procs[@]}"; do
+        args=()
+        mapfile -d '' args 2>/dev/null < "/proc/${p%% *}/cmdline" || :
+        echo "$0: FAIL: pid ${p%% *} still running at the end of the test" \
+             "(${p#* }): ${args[*]-}" >&2
+        kill -TERM "${p%% *}" 2>/dev/null || :
+    done
+    ! _await_gone $((_stop_wait * 10)) || return 1
+    for p in "${_procs[@]}"; do
+        echo "$0: FAIL: pid ${p%% *} did not exit within $_stop_wait s of" \
+             "SIGTERM: killed with SIGKILL" >&2
+        kill -KILL "${p%% *}" 2>/dev/null || :
+    done
+    return 1
+}
+# _await_gone TENTHS: keeps in _procs ("PID WHY" each) those still
+# running, waiting up to TENTHS tenths of a second for them to go; true
+# once none is left.
+_await_gone ()
+{
+    local i p left
+    for (( i = 0; ; i++ )); do
+        left=()
+        for p in ${_procs[@]+"${_procs[@]}"}; do
+            ! _running "${p%% *}" || left+=("$p")
+        done
+        _procs=(${left[@]+"${left[@]}"})
+        [ "${#_procs[@]}" -gt 0 ] || return 0
+        [ "$i" -lt "$1" ] || return 1
+        sleep 0.1
+    done
 }
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
 # A signal exits with 128+N, which runs the cleanups once (as the EXIT
@@ -688,8 +786,26 @@ fuse_detach ()
             fusermount3 -u -z "$tmpdir/fuse" 2>/dev/null ||
             umount -l "$tmpdir/fuse" 2>/dev/null || :
     fi
+    # Gone before the test's end (the harness fails a test that leaves
+    # processes), killed if it hangs (which fails the test).  Only
+    # builtins: test-ext4.sh copies this function (declare -f) into the
+    # scripts of its phases.
+    local pid i st
     if [ -s "$tmpdir/fusepid" ]; then
-        kill "$(cat "$tmpdir/fusepid")" 2>/dev/null || :
+        pid=$(< "$tmpdir/fusepid")
         rm -f "$tmpdir/fusepid"
+        kill "$pid" 2>/dev/null || :
+        for (( i = 0; i < 100; i++ )); do
+            kill -0 "$pid" 2>/dev/null || return 0
+            # A zombie has let go of its mount and device.
+            read -r st 2>/dev/null < "/proc/$pid/stat" || return 0
+            st=${st##*) }
+            [ "${st:0:1}" != Z ] || return 0
+            sleep 0.1
+        done
+        echo "$0: FAIL: nbdfuse pid $pid did not exit within 10 s of" \
+             "SIGTERM: killed with SIGKILL" >&2
+        kill -9 "$pid" 2>/dev/null || :
+        _stop_failed=1
     fi
 }

@@ -78,7 +78,7 @@ def mapper_command(options, args):
     return cmd + [os.environ["PLUGIN"]] + list(args)
 
 
-def mapper_run(options, args, run, timeout=300):
+def mapper_run(options, args, run, timeout=300, stop_wait=30):
     """nbdkit OPTIONS <the plugin> ARGS serving on a Unix socket while the
     shell command RUN runs (with $unixsocket and $uri, as nbdkit's --run
     sets them, and without the sanitizer runtime), then stopped with
@@ -87,7 +87,8 @@ def mapper_run(options, args, run, timeout=300):
     --run has returned) is seen by no one.  Here the server runs in the
     foreground, as start_server runs it under a sanitizer: a
     CompletedProcess whose returncode is the command's, or else the
-    server's (it must exit 0 on SIGTERM), and whose stderr has both."""
+    server's (it must exit 0 on SIGTERM, within STOP_WAIT s: one killed
+    then has failed), and whose stderr has both."""
     d = tempfile.mkdtemp(prefix="mapper-run.")
     sock, pidfile = os.path.join(d, "sock"), os.path.join(d, "pid")
     errfile = os.path.join(d, "stderr")
@@ -116,15 +117,22 @@ def mapper_run(options, args, run, timeout=300):
             r = subprocess.run(["sh", "-c", run], env=env, timeout=timeout,
                                capture_output=True, text=True)
         finally:
+            killed = False
             srv.send_signal(signal.SIGTERM)
             try:
-                srv.wait(30)
+                srv.wait(stop_wait)
             except subprocess.TimeoutExpired:
                 srv.kill()
                 srv.wait()
+                killed = True
         status = r.returncode
         stderr = r.stderr + open(errfile).read()
-        if status == 0 and srv.returncode != 0:
+        if killed:
+            # A server that hangs at exit has failed, as in functions.sh.
+            status = status or 1
+            stderr += ("nbdkit pid %d did not exit within %s s of SIGTERM: "
+                       "killed with SIGKILL\n" % (srv.pid, stop_wait))
+        elif status == 0 and srv.returncode != 0:
             status = srv.returncode if srv.returncode > 0 else 1
             stderr += ("nbdkit exited %d after the command (99: a sanitizer "
                        "report, above)\n" % srv.returncode)

@@ -8,7 +8,10 @@
 # message; at exit the mapper stops before the backend it is a client of,
 # whatever the order of their starts; our plugin, and only it, runs with
 # the sanitizer runtime, and --run's command without it; a sanitizer
-# report of a server fails the test.
+# report of a server fails the test; what a test leaves running (a
+# server whose pid file another took over, a forgotten child) fails it,
+# is named and stopped, and nothing else does (another test's processes,
+# one a cleanup signalled and which is going).
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -157,4 +160,83 @@ echo "case passed"
 EOF
 says killjob 'case passed'
 
+# 9. What a test leaves running fails it, named, and is stopped.  The
+#    second server takes over a's pid file (as a restart without stopping
+#    did in test-multipath-groups.sh): the cleanup stops only it.
+run_case leak 1 <<EOF
+start_server a memory 1M
+echo "first=\$(cat "\$tmpdir/a.pid")"
+nbdkit -P "\$tmpdir/a.pid" -U "\$tmpdir/a2.sock" memory 1M
+wait_file "\$tmpdir/a.pid"
+echo "second=\$(cat "\$tmpdir/a.pid")"
+echo "case passed"
+EOF
+first=$(sed -n 's/^first=//p' "$tmpdir/leak.out")
+second=$(sed -n 's/^second=//p' "$tmpdir/leak.out")
+[ -n "$first" ] && [ "$first" != "$second" ] ||
+    { cat "$tmpdir/leak.out"; die "case leak: the pid file was not taken over"; }
+says leak 'case passed'
+says leak "FAIL: pid $first still running at the end of the test \\(.*command-line.*\\): nbdkit -P /[^ ]*/a\\.pid -U /[^ ]*/a\\.sock"
+! grep -q "pid $second still running" "$tmpdir/leak.out" ||
+    { cat "$tmpdir/leak.out"; die "case leak: named the server it stopped"; }
+wait_for test ! -e "/proc/$first" || die "case leak: pid $first left running"
+
+# 10. A child of the test shell it forgot fails it; one a cleanup
+#    signalled without waiting for it does not; nor do the processes of
+#    another test (another scratch directory: here one of this test's,
+#    working there).  One that ignores SIGTERM is killed, and says so.
+mkdir "$tmpdir/other"
+(cd "$tmpdir/other" && exec sleep 60) &
+other=$!
+cleanup_fn "kill $other; wait $other"
+run_case child 1 <<EOF
+sleep 60 &
+echo "child=\$!"
+EOF
+child=$(sed -n 's/^child=//p' "$tmpdir/child.out")
+says child "FAIL: pid $child still running at the end of the test \\( ?child\\): sleep 60"
+run_case clean 0 <<EOF
+start_server a memory 1M
+nbdinfo --size "nbd+unix:///?socket=\$tmpdir/a.sock"
+# Once it is sleep: SIGTERM to the shell forked for it, before its exec,
+# can be lost (its trap, exit 143, pending when it execs).
+sleep 60 &
+wait_for grep -qx sleep "/proc/\$!/comm"
+cleanup_fn "kill \$!"
+EOF
+! grep -q 'still running' "$tmpdir/clean.out" ||
+    { cat "$tmpdir/clean.out"; die "case clean: a leak reported"; }
+run_case stubborn 1 <<EOF
+_stop_wait=1
+bash -c 'trap "" TERM; echo up; exec sleep 60' > "\$tmpdir/up" &
+wait_for grep -q up "\$tmpdir/up"
+EOF
+says stubborn 'still running at the end of the test .*: sleep 60'
+says stubborn 'did not exit within 1 s of SIGTERM: killed with SIGKILL'
+
+# 11. nbdcheck.mapper_run (the Python tests' server in the foreground):
+#     one that needs SIGKILL fails the command it ran for, which passed.
+#     Stopped (SIGSTOP), it cannot act on SIGTERM.
+run_case pykilled 0 <<EOF
+python3 - "$tmpdir/z.table" <<'PY'
+import sys
+from nbdcheck import mapper_run
+r = mapper_run([], [sys.argv[1]],
+               'kill -STOP "\$(cat "\$(dirname "\$unixsocket")/pid")"',
+               stop_wait=1)
+print("rc=%d" % r.returncode)
+print(r.stderr)
+PY
+EOF
+says pykilled '^rc=1$'
+says pykilled 'did not exit within 1 s of SIGTERM: killed with SIGKILL'
+
+# 12. A C unit test runs in the harness (unit-run.sh, with its scratch
+#     directory under $tmpdir): a server it leaves running fails it too.
+rc=0
+bash "$top_srcdir/tests/unit-run.sh" sh -c \
+    'nbdkit -P "$TMPDIR/u.pid" -U "$TMPDIR/u.sock" memory 1M' \
+    > "$tmpdir/unit.out" 2>&1 || rc=$?
+[ "$rc" -eq 1 ] || { cat "$tmpdir/unit.out"; die "case unit: exit $rc, not 1"; }
+says unit 'still running at the end of the test .*: nbdkit -P /[^ ]*/u\.pid'
 echo "test-harness: ok"

@@ -27,8 +27,8 @@ stop_servers (void)
 {
   for (size_t i = 0; i < 2; i++)
     if (servers[i] > 0) {
-      kill (servers[i], SIGTERM);
-      waitpid (servers[i], NULL, 0);
+      /* Daemons: not our children, waitpid would not wait for them. */
+      unit_stop_server (servers[i]);
       servers[i] = 0;
     }
 }

@@ -645,10 +645,8 @@ xsetup_teardown (struct xsetup *su, unsigned n)
   for (unsigned s = 0; s < n; s++) {
     if (su->lows[s])
       device_destroy (su->lows[s]);
-    if (su->servers[s] > 0) {
-      kill (su->servers[s], SIGTERM);
-      waitpid (su->servers[s], NULL, 0);
-    }
+    if (su->servers[s] > 0)
+      unit_stop_server (su->servers[s]);
   }
 }
 

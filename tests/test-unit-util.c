@@ -389,6 +389,44 @@ test_err_prefix (void)
   mapper_err_prefix (NULL, "nothing to prefix");
 }
 
+/* unit_stop_server, which the tests that run nbdkit stop it with: a
+ * server that exits on SIGTERM is stopped, and one that does not fails
+ * the test (it is killed).
+ */
+static void
+test_stop_server (void)
+{
+  for (int ignore = 0; ignore <= 1; ignore++) {
+    int p[2], before = unit_failures, failed;
+    char c;
+    pid_t pid;
+
+    CHECK (pipe (p) == 0);
+    pid = fork ();
+    CHECK (pid >= 0);
+    if (pid == 0) {
+      if (ignore)
+        signal (SIGTERM, SIG_IGN);
+      if (write (p[1], "", 1) != 1)
+        _exit (1);
+      for (;;)
+        pause ();
+    }
+    close (p[1]);
+    /* Until it ignores SIGTERM (if it does). */
+    CHECK (read (p[0], &c, 1) == 1);
+    close (p[0]);
+    unit_stop_wait = 1;
+    unit_stop_server (pid);
+    unit_stop_wait = 10;
+    /* Its failure is this check's to count. */
+    failed = unit_failures - before;
+    unit_failures = before;
+    CHECK (unit_gone (pid));
+    CHECK_EQ (failed, ignore);
+  }
+}
+
 /* secret_stream: what was written, in order, whatever the sizes (within
  * and beyond its stdio buffer, many growths); "" when nothing was; its
  * stdio buffer wiped at close.  (That no freed block keeps a copy is
@@ -432,6 +470,7 @@ test_secret_stream (void)
 int
 main (void)
 {
+  test_stop_server ();
   test_macros ();
   test_hex_digit ();
   test_lock_scope ();

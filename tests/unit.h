@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static int unit_failures;
@@ -44,9 +46,9 @@ static int unit_failures;
   fprintf (stderr, __VA_ARGS__); fputc ('\n', stderr); \
   unit_cleanup (); exit (1); } while (0)
 
-/* --- a scratch directory under /tmp, removed at exit ------------------ */
+/* --- a scratch directory under $TMPDIR or /tmp, removed at exit ------- */
 
-static char unit_dir[64];
+static char unit_dir[128];
 
 __attribute__ ((unused))
 static void
@@ -93,7 +95,14 @@ static const char *
 unit_tmpdir (void)
 {
   if (unit_dir[0] == '\0') {
-    strcpy (unit_dir, "/tmp/nbdmapper-unit-XXXXXX");
+    /* Under TMPDIR: tests/unit-run.sh's scratch directory, whose
+     * processes (servers named there) must be gone at the end.
+     */
+    const char *t = getenv ("TMPDIR");
+    if (t == NULL || *t == '\0' ||
+        (size_t) snprintf (unit_dir, sizeof unit_dir,
+                           "%s/nbdmapper-unit-XXXXXX", t) >= sizeof unit_dir)
+      strcpy (unit_dir, "/tmp/nbdmapper-unit-XXXXXX");
     if (mkdtemp (unit_dir) == NULL) {
       perror ("mkdtemp");
       exit (1);
@@ -116,6 +125,59 @@ unit_path (const char *name)
 
   snprintf (p, sizeof bufs[0], "%s/%s", unit_tmpdir (), name);
   return p;
+}
+
+/* --- servers ----------------------------------------------------------- */
+
+/* The process is gone, or a zombie (it has closed its sockets and files;
+ * a daemon's parent, init, may be slow to reap it).  Reaps it if it is
+ * our child.
+ */
+__attribute__ ((unused))
+static bool
+unit_gone (pid_t pid)
+{
+  char path[64], st[512], *p;
+  FILE *f;
+  bool zombie = false;
+
+  if (waitpid (pid, NULL, WNOHANG) == pid)
+    return true;
+  if (kill (pid, 0) == -1 && errno == ESRCH)
+    return true;
+  snprintf (path, sizeof path, "/proc/%d/stat", (int) pid);
+  f = fopen (path, "r");
+  if (f == NULL)
+    return true;
+  if (fgets (st, sizeof st, f) && (p = strrchr (st, ')')) != NULL)
+    zombie = p[1] == ' ' && p[2] == 'Z';
+  fclose (f);
+  return zombie;
+}
+
+/* Stop a server (our child or a daemon) with SIGTERM and wait until it
+ * is gone.  One still there unit_stop_wait (10) s later hangs at exit: it
+ * is killed with SIGKILL and the test fails (as tests/functions.sh's
+ * stop_server).
+ */
+__attribute__ ((unused)) static int unit_stop_wait = 10;
+__attribute__ ((unused))
+static void
+unit_stop_server (pid_t pid)
+{
+  if (kill (pid, SIGTERM) == -1)
+    return;
+  for (int i = 0; i < unit_stop_wait * 10; i++) {
+    if (unit_gone (pid))
+      return;
+    usleep (100000);
+  }
+  fprintf (stderr, "pid %d did not exit within %d s of SIGTERM: "
+           "killed with SIGKILL\n", (int) pid, unit_stop_wait);
+  kill (pid, SIGKILL);
+  while (!unit_gone (pid))
+    usleep (10000);
+  unit_failures++;
 }
 
 /* --- files ------------------------------------------------------------- */

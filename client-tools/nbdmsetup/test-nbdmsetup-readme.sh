@@ -90,8 +90,9 @@ fi
 exec env "\${envs[@]}" $(command -v nbdkit) "\${args[@]}"
 EOT
 chmod +x "$bin/nbdkit"
-# A server the walk-through leaves running (it failed) is stopped.
-cleanup_fn 'for p in "$tmpdir"/readme/*/nbdkit.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null; done'
+# A server the walk-through leaves running (it failed) is stopped (and
+# fails the test if it needs SIGKILL).
+cleanup_fn 'for p in "$tmpdir"/readme/*/nbdkit.pid; do stop_pidfile "$p" || :; done'
 
 env -u NBDMSETUP_URI TMPDIR="$tmpdir/readme" PATH="$bin:$PATH" \
     bash -e -u -o pipefail -x "$tmpdir/readme.sh" > "$tmpdir/out" 2>&1 ||
