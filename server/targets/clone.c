@@ -23,6 +23,7 @@
  *   zeroed on the destination (MAY_TRIM: it stays sparse), not copied.
  * - Discards mark their whole regions hydrated and pass down to the
  *   destination unless no_discard_passdown; partial regions are left.
+ *   In fail mode a discard of regions not all hydrated is ignored (dm).
  * - Commit (dm's commit_metadata): the regions hydrated since the last
  *   one are taken, the destination flushed, then those bits committed;
  *   so a committed region's copy is durable, and a client write ordered
@@ -1011,6 +1012,13 @@ map_discard (struct clone_c *c, struct io_req *req, uint64_t off,
 
   if (first >= last)
     return 0;                   /* no whole region: nothing (dm) */
+  /* Fail mode (dm's process_discard_bio, mode >= read-only): regions
+   * already hydrated pass down as ever; otherwise the discard is
+   * ignored, neither marking a region that can never be committed nor
+   * punching a destination whose region the source still backs.
+   */
+  if (s->failed && !range_in (s->map, first, last - first))
+    return 0;
   pthread_mutex_lock (&s->lock);
   for (uint64_t r = first; r < last && e == 0; r++)
     if (!bit_test (s->map, r) && (e = wait_not_busy (s, r)) == 0)
