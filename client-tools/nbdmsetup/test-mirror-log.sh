@@ -13,10 +13,13 @@
 #  4. a reload with the same log keeps it (nothing resynced); another
 #     region size re-initialises it (everything resynced);
 #  5. bad log devices are refused naming the place, changing nothing;
-#  6. a log that cannot be read again at resume: every region resyncs.
+#  6. a log that cannot be read again at resume: every region resyncs;
+#  7. a log device whose flush fails: the client's flush fails, status
+#     shows the log's F.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires /usr/bin/python3 -c 'import nbd'
+requires nbdkit sh --version
 
 PY=/usr/bin/python3
 M=1048576
@@ -170,5 +173,52 @@ grep -q "disk log mapper:lg: cannot read it again at resume (.*): every region r
 wait_for synced6 2 || die "m6: regions taken as in sync: $(ms status m6)"
 ms remove m6
 ms remove lg
+
+# 7. The log device fails (a remote log whose writes and flushes fail
+# while $tmpdir/fail exists): the mark of a clean region fails (D; the
+# write goes on, no block_on_error), which leaves the log device dirty;
+# the client's next flush then fails on it, and status shows the log's
+# F (dm-log's fail_log_device, F over D), as a leg's failed flush shows.
+rl=$(mkfile rlog.img 4K)
+cat > "$tmpdir/rlog.sh" <<EOF
+#!/bin/bash
+[ -e '$tmpdir/fail' ] && case "\$1" in pwrite|flush)
+    echo "EIO injected \$1 failure" >&2; exit 1 ;;
+esac
+case "\$1" in
+    thread_model) echo parallel ;;
+    get_size) stat -L -c %s '$rl' ;;
+    can_write|can_flush) exit 0 ;;
+    pread) dd if='$rl' skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
+    pwrite) dd of='$rl' seek=\$4 oflag=seek_bytes conv=notrunc status=none ;;
+    flush) ;;
+    *) exit 2 ;;
+esac
+EOF
+chmod +x "$tmpdir/rlog.sh"
+start_server rlog sh "$tmpdir/rlog.sh"
+rlog="nbd+unix:///?socket=$tmpdir/rlog.sock"
+ms create m7 --table "0 65536 mirror disk 3 $rlog 1024 nosync 2 $a0 0 $a1 0"
+ms status m7 | grep -q " 64/64 1 AA 3 disk .* A\$" || die "m7: status: $(ms status m7)"
+u7="nbd+unix:///m7?socket=$sock"
+nbdsh -u "$u7" -c "h.pwrite(b'x' * 4096, 4096); h.flush()"
+[ "$(dirty "$rl")" = 0 ] || die "m7: region 0 not marked: '$(dirty "$rl")'"
+touch "$tmpdir/fail"
+nbdsh -u "$u7" -c '
+import errno
+h.pwrite(b"y" * 4096, 512 * 1024)    # region 1: its mark fails
+try:
+    h.flush()
+    assert False, "a flush succeeded though the log device failed it"
+except nbd.Error as e:
+    assert e.errnum == errno.EIO, e
+' || die "m7: the log's failed flush"
+ms status m7 | grep -q " 64/64 1 AA 3 disk .* F\$" ||
+    die "m7: the log's failed flush is not in the status: $(ms status m7)"
+grep -q "device m7: log device .* failed a flush" "$tmpdir/log2" ||
+    die "m7: no event for the log's failed flush"
+rm "$tmpdir/fail"
+ms remove m7
+stop_server rlog
 stop_server ctl
 echo "$0: ok"

@@ -621,6 +621,12 @@ mirror_log_clear_pass (struct mirror *m)
   free (c);
 }
 
+void
+mirror_log_flush_failed (struct mirror *m)
+{
+  log_failed (m, LOG_FLUSH_ERR, -EIO);
+}
+
 char
 mirror_log_status_char (struct mirror *m)
 {

@@ -174,6 +174,8 @@ int mirror_log_write_enter (struct mirror *m, uint64_t off, uint64_t len,
 void mirror_log_write_exit (struct mirror *m, uint64_t off, uint64_t len,
                             unsigned n);
 void mirror_log_clear_pass (struct mirror *m);
+/* A device flush of the log device failed: status F, an event. */
+void mirror_log_flush_failed (struct mirror *m);
 char mirror_log_status_char (struct mirror *m);
 
 /* mirror-resync.c: the engine-wide resync worker (the type's start and
