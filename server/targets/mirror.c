@@ -546,10 +546,18 @@ mirror_flush (struct target *ti, struct io_req *req)
   return 0;
 }
 
+/* dm's postsuspend: the disk log's last clear pass (disk_flush), the
+ * writes having drained, so that a clean stop leaves nothing to resync.
+ * Only a table that was live: one that never was (a reload's, cleared)
+ * shares the log with the live table, whose bits these are not.
+ */
 static void
 mirror_postsuspend (struct target *ti)
 {
-  mirror_resync_suspend (ti->private);
+  struct mirror *m = ti->private;
+
+  if (mirror_resync_suspend (m) && m->log)
+    mirror_log_clean_all (m);
 }
 
 static void
