@@ -76,6 +76,7 @@ struct clone_state {
   struct pd_blockdev pdev;
   struct clone_md *md;
   uint64_t len, region_bytes, region_sectors, nr_regions, nr_words;
+  uint64_t nr_sum;                /* words of dirty_sum, commit_sum */
 
   pthread_mutex_t lock;           /* everything below */
   pthread_cond_t cond;            /* busy cleared, work, stop */
@@ -83,6 +84,11 @@ struct clone_state {
   uint64_t *cmap;                 /* hydrated at the last commit */
   uint64_t *busy;                 /* being copied or overwritten */
   uint64_t *dirty;                /* hydrated since the last pre-commit */
+  /* Which words of dirty have a bit set (bit w % 64 of word w / 64), as
+   * dm-clone-metadata's dirty_words: a commit touches the words that
+   * changed, not every word of the bitmap (three times over).
+   */
+  uint64_t *dirty_sum;
   uint64_t nr_dirty;              /* bits set in dirty */
   uint64_t nr_hydrated;
   unsigned hydrating;             /* regions the workers copy now */
@@ -108,7 +114,9 @@ struct clone_state {
                                    * next start of the workers) */
 
   pthread_mutex_t commit_lock;    /* one commit at a time */
-  uint64_t *commit_words;         /* the commit's snapshot of dirty */
+  uint64_t *commit_words;         /* the commit's snapshot of dirty... */
+  uint64_t *commit_sum;           /* ...where commit_sum says (swapped
+                                   * with dirty_sum at each commit) */
 };
 
 /* One clone target: its table's arguments and what messages change. */
@@ -146,6 +154,26 @@ bit_clear (uint64_t *m, uint64_t i)
 
 /* --- metadata ----------------------------------------------------------- */
 
+/* The first word at or after *w whose bit is set in summary sum (nr_sum
+ * words), into *w: false if there is none.
+ */
+static inline bool
+sum_next (const uint64_t *sum, uint64_t nr_sum, uint64_t *w)
+{
+  uint64_t sw = *w / 64, m;
+
+  if (sw >= nr_sum)
+    return false;
+  m = sum[sw] & (~0ull << (*w % 64));
+  while (m == 0) {
+    if (++sw >= nr_sum)
+      return false;
+    m = sum[sw];
+  }
+  *w = sw * 64 + __builtin_ctzll (m);
+  return true;
+}
+
 /* Mark regions [r, r+n) hydrated (s->lock held). */
 static void
 mark_hydrated_locked (struct clone_state *s, uint64_t r, uint64_t n)
@@ -154,6 +182,7 @@ mark_hydrated_locked (struct clone_state *s, uint64_t r, uint64_t n)
     if (!bit_test (s->map, i)) {
       bit_set (s->map, i);
       bit_set (s->dirty, i);
+      s->dirty_sum[i / 4096] |= 1ull << (i / 64 % 64);
       s->nr_dirty++;
       s->nr_hydrated++;
     }
@@ -180,13 +209,20 @@ clone_commit (struct clone_state *s, struct clone_c *c)
     pthread_mutex_unlock (&s->commit_lock);
     return -EIO;
   }
-  /* Not a scan of the whole bitmap under the lock for every flush of a
+  /* Only the words that changed (dirty_sum), and nothing at all for a
    * clone that hydrated nothing since.
    */
   any = s->nr_dirty != 0;
-  for (uint64_t w = 0; any && w < s->nr_words; w++) {
-    s->commit_words[w] = s->dirty[w];
-    s->dirty[w] = 0;
+  if (any) {
+    uint64_t *t = s->commit_sum;
+
+    for (uint64_t w = 0; sum_next (s->dirty_sum, s->nr_sum, &w); w++) {
+      s->commit_words[w] = s->dirty[w];
+      s->dirty[w] = 0;
+    }
+    s->commit_sum = s->dirty_sum;
+    s->dirty_sum = t;
+    memset (s->dirty_sum, 0, s->nr_sum * sizeof *s->dirty_sum);
   }
   s->nr_dirty = 0;
   pthread_mutex_unlock (&s->lock);
@@ -218,15 +254,15 @@ clone_commit (struct clone_state *s, struct clone_c *c)
               mapper_strerror (-r));
     goto failed;
   }
-  for (uint64_t w = 0; w < s->nr_words && r == 0; w++)
-    if (s->commit_words[w])
-      r = clone_md_set_bits (s->md, w, s->commit_words[w], err);
+  for (uint64_t w = 0; r == 0 && sum_next (s->commit_sum, s->nr_sum, &w);
+       w++)
+    r = clone_md_set_bits (s->md, w, s->commit_words[w], err);
   if (r == 0)
     r = clone_md_commit (s->md, err);
   if (r < 0)
     goto failed;
   pthread_mutex_lock (&s->lock);
-  for (uint64_t w = 0; w < s->nr_words; w++)
+  for (uint64_t w = 0; sum_next (s->commit_sum, s->nr_sum, &w); w++)
     s->cmap[w] |= s->commit_words[w];
   pthread_mutex_unlock (&s->lock);
  out:
@@ -238,9 +274,10 @@ clone_commit (struct clone_state *s, struct clone_c *c)
    * resume's), or copied again after a restart.
    */
   pthread_mutex_lock (&s->lock);
-  for (uint64_t w = 0; w < s->nr_words; w++) {
+  for (uint64_t w = 0; sum_next (s->commit_sum, s->nr_sum, &w); w++) {
     s->nr_dirty += __builtin_popcountll (s->commit_words[w] & ~s->dirty[w]);
     s->dirty[w] |= s->commit_words[w];
+    s->dirty_sum[w / 64] |= 1ull << (w % 64);
   }
   pthread_mutex_unlock (&s->lock);
   pthread_mutex_unlock (&s->commit_lock);
@@ -710,7 +747,9 @@ state_free (struct clone_state *s)
   free (s->cmap);
   free (s->busy);
   free (s->dirty);
+  free (s->dirty_sum);
   free (s->commit_words);
+  free (s->commit_sum);
   pthread_cond_destroy (&s->cond);
   pthread_mutex_destroy (&s->lock);
   pthread_mutex_destroy (&s->commit_lock);
@@ -787,6 +826,7 @@ state_get (struct clone_c *c, uint64_t md_size, struct mapper_err *err)
   s->region_bytes = c->region_sectors << MAPPER_SECTOR_SHIFT;
   s->nr_regions = DIV_ROUND_UP (s->len, s->region_bytes);
   s->nr_words = DIV_ROUND_UP (s->nr_regions, 64);
+  s->nr_sum = DIV_ROUND_UP (s->nr_words, 64);
   pthread_mutex_init (&s->lock, NULL);
   pthread_mutex_init (&s->commit_lock, NULL);
   pthread_condattr_init (&ca);
@@ -799,7 +839,10 @@ state_get (struct clone_c *c, uint64_t md_size, struct mapper_err *err)
   s->busy = calloc (s->nr_words, 8);
   s->dirty = calloc (s->nr_words, 8);
   s->commit_words = calloc (s->nr_words, 8);
-  if (!s->map || !s->cmap || !s->busy || !s->dirty || !s->commit_words) {
+  s->dirty_sum = calloc (s->nr_sum, 8);
+  s->commit_sum = calloc (s->nr_sum, 8);
+  if (!s->map || !s->cmap || !s->busy || !s->dirty || !s->commit_words ||
+      !s->dirty_sum || !s->commit_sum) {
     mapper_err_set (err, "out of memory");
     state_free (s);
     return -ENOMEM;
