@@ -19,22 +19,10 @@ requires timeout --version
 src=$(mkfile src.img 4M)
 fill_random "$src" $((4 << 20)) 3
 dest=$(mkfile dest.img 4M)
-cat > "$tmpdir/dest.sh" <<EOF
-#!/bin/bash
-case "\$1" in
-    thread_model) echo parallel ;;
-    get_size) stat -L -c %s '$dest' ;;
-    can_write|can_flush) exit 0 ;;
-    pread) dd if='$dest' skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
-    pwrite) dd of='$dest' seek=\$4 oflag=seek_bytes conv=notrunc status=none ;;
-    flush) if [ -e '$tmpdir/hold' ]; then
+file_sh "$tmpdir/dest.sh" "$dest" : "if [ -e '$tmpdir/hold' ]; then
                touch '$tmpdir/holding'
                while [ -e '$tmpdir/hold' ]; do sleep 0.1; done
-           fi ;;
-    *) exit 2 ;;
-esac
-EOF
-chmod +x "$tmpdir/dest.sh"
+           fi"
 start_server destsrv sh "$tmpdir/dest.sh"
 desturi="nbd+unix:///?socket=$tmpdir/destsrv.sock"
 mkdir "$tmpdir/t"

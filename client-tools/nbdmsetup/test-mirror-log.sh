@@ -205,22 +205,9 @@ ms remove lg
 # the client's next flush then fails on it, and status shows the log's
 # F (dm-log's fail_log_device, F over D), as a leg's failed flush shows.
 rl=$(mkfile rlog.img 4K)
-cat > "$tmpdir/rlog.sh" <<EOF
-#!/bin/bash
-[ -e '$tmpdir/fail' ] && case "\$1" in pwrite|flush)
-    echo "EIO injected \$1 failure" >&2; exit 1 ;;
-esac
-case "\$1" in
-    thread_model) echo parallel ;;
-    get_size) stat -L -c %s '$rl' ;;
-    can_write|can_flush) exit 0 ;;
-    pread) dd if='$rl' skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
-    pwrite) dd of='$rl' seek=\$4 oflag=seek_bytes conv=notrunc status=none ;;
-    flush) ;;
-    *) exit 2 ;;
-esac
-EOF
-chmod +x "$tmpdir/rlog.sh"
+file_sh "$tmpdir/rlog.sh" "$rl" "[ -e '$tmpdir/fail' ] && case \"\$1\" in pwrite|flush)
+    echo \"EIO injected \$1 failure\" >&2; exit 1 ;;
+esac"
 start_server rlog sh "$tmpdir/rlog.sh"
 rlog="nbd+unix:///?socket=$tmpdir/rlog.sock"
 ms create m7 --table "0 65536 mirror disk 3 $rlog 1024 nosync 2 $a0 0 $a1 0"
