@@ -385,6 +385,14 @@ uint64_t io_req_start_ns (struct io_req *req);
 int io_sync_end_io (enum io_op op, struct backend *be, uint64_t offset,
                     uint64_t len, char *buf, clone_end_io_fn end_io,
                     void *ctx, uint64_t arg);
+/* io.c: io_sync (no flags) of a clone owned by owner (its end_io_ctx,
+ * with no hook): backend_abandon (be, owner) gives it up (-EIO) from
+ * another thread, yet it does not fail fast: it waits out a lost
+ * connection as a client's would.  For I/O that only a stop gives up
+ * (clone's commit flush).  0 or -errno.
+ */
+int io_sync_owned (enum io_op op, struct backend *be, uint64_t offset,
+                   uint64_t len, char *buf, void *owner);
 
 /* bounce.c: per-thread scratch buffers for transformed data (the
  * client's write buffer is const).  bounce_get returns at least len

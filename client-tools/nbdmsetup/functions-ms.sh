@@ -111,3 +111,25 @@ clone_hydrated ()
     done
     die "$1: not hydrated: $(ms status "$1")"
 }
+
+# file_sh SCRIPT FILE [PRE [FLUSH]]: write SCRIPT, an nbdkit sh plugin
+# script serving FILE (parallel, writable, flushable) for a remote
+# backend that misbehaves on cue: PRE runs first for every method ($1;
+# it may exit 1 to fail it), FLUSH is the flush method's body.
+file_sh ()
+{
+    cat > "$1" <<EOF
+#!/bin/bash
+${3:-:}
+case "\$1" in
+    thread_model) echo parallel ;;
+    get_size) stat -L -c %s '$2' ;;
+    can_write|can_flush) exit 0 ;;
+    pread) dd if='$2' skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
+    pwrite) dd of='$2' seek=\$4 oflag=seek_bytes conv=notrunc status=none ;;
+    flush) ${4:-:} ;;
+    *) exit 2 ;;
+esac
+EOF
+    chmod +x "$1"
+}

@@ -10,7 +10,8 @@
 # (punching the destination) unless no_discard_passdown.  A metadata
 # device that fails: the flush whose commit fails and every later one
 # fail with EIO, so do writes, status says Fail (an event), and the
-# failed clone's threads sleep (no commit retried in a loop).  Two
+# failed clone's threads sleep (no commit retried in a loop); discards
+# in fail mode are ignored unless their regions are hydrated (dm).  Two
 # clones suspended and resumed in turn: each one's new workers are its
 # own (a joined worker's thread id, reused, finds no suspended clone).
 source "$(dirname "$0")/functions-ms.sh"
@@ -185,6 +186,22 @@ except nbd.Error as e:
 ' || die "failed metadata commit"
 ms status c | grep -q ' clone Fail$' || die "status after the failed commit: $(ms status c)"
 [ "$(ev c)" -gt "$e" ] || die "no event for fail mode"
+# Discards in fail mode (dm's process_discard_bio): of regions not all
+# hydrated, ignored (success; nothing marked, nothing passed down: the
+# source still backs them); of hydrated ones (7), passed down.
+same20 () { cmp -s "$dest" "$src" -i $((4096 * 20)) -n $((4096 * 4)); }
+same20 || die "regions 20-23 of the destination are not the source's copy"
+nbdsh -u "$uri" -c '
+h.trim(4096 * 4, 4096 * 20)          # regions 20-23: unhydrated
+h.trim(4096, 4096 * 7)               # region 7: hydrated
+src = open("'"$src"'", "rb").read()
+assert h.pread(4096 * 4, 4096 * 20) == src[4096 * 20:4096 * 24], \
+    "a discard in fail mode marked regions hydrated"
+assert h.pread(4096, 4096 * 7) == bytes(4096), \
+    "a discard of a hydrated region in fail mode was not passed down"
+' || die "discards in fail mode"
+same20 || die "a discard in fail mode punched unhydrated regions of the destination"
+ms status c | grep -q ' clone Fail$' || die "status after discards: $(ms status c)"
 # CPU time (clock ticks) of the clone's threads: they sleep.
 ticks ()
 {

@@ -11,12 +11,18 @@
 #     (same tables=DIR) resyncs exactly the regions the log had dirty,
 #     counted, and the legs are identical afterwards;
 #  4. a reload with the same log keeps it (nothing resynced); another
-#     region size re-initialises it (everything resynced);
+#     region size re-initialises it (everything resynced), at resume
+#     only: until then the live table's log is left as it is;
 #  5. bad log devices are refused naming the place, changing nothing;
-#  6. a log that cannot be read again at resume: every region resyncs.
+#  6. a log that cannot be read again at resume: every region resyncs;
+#  7. a log device whose flush fails: the client's flush fails, status
+#     shows the log's F;
+#  8. a suspend, and a clean server stop, leave the log clean: nothing
+#     resyncs at the next start.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires /usr/bin/python3 -c 'import nbd'
+requires nbdkit sh --version
 
 PY=/usr/bin/python3
 M=1048576
@@ -127,6 +133,28 @@ ms resume m
     die "the reload did not keep the log"
 ms status m | grep -q " 64/64 1 AA 3 disk $log A\$" ||
     die "status after reload: $(ms status m)"
+# A reload with another region size, not resumed, leaves the live
+# table's log as it is (dm's disk_resume writes the header, not the
+# constructor): header and bits unchanged, and dropped (clear), it
+# changed nothing; the live table's marks still land in its layout.
+hdr ()
+{
+    $PY - "$1" <<'EOF'
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+print(*struct.unpack_from("<IIQQ", d, 0))
+EOF
+}
+h0=$(hdr "$log")
+[ "$h0" = "$((0x4D695272)) 2 64 1024" ] || die "header: $h0"
+ms reload m --table "0 65536 mirror disk 2 $log 2048 2 $leg0 0 $leg1 0"
+[ "$(hdr "$log")" = "$h0" ] ||
+    die "a reload not resumed rewrote the live table's log header: $(hdr "$log")"
+nbdsh -u "$uri" -c "h.pwrite(b'z' * 4096, 30 * 512 * 1024)"
+[ "$(dirty "$log")" = 30 ] || die "after the reload: dirty '$(dirty "$log")'"
+ms clear m
+[ "$(hdr "$log")" = "$h0" ] || die "a cleared table changed the log: $(hdr "$log")"
+nbdsh -u "$uri" -c "h.flush(); h.flush()"
 ms replace m --table "0 65536 mirror disk 2 $log 2048 2 $leg0 0 $leg1 0"
 grep -q "log device $log was written for regions of 1024 sectors, now 2048: re-initialised" \
      "$tmpdir/log2" || die "no re-initialisation"
@@ -170,5 +198,62 @@ grep -q "disk log mapper:lg: cannot read it again at resume (.*): every region r
 wait_for synced6 2 || die "m6: regions taken as in sync: $(ms status m6)"
 ms remove m6
 ms remove lg
+
+# 7. The log device fails (a remote log whose writes and flushes fail
+# while $tmpdir/fail exists): the mark of a clean region fails (D; the
+# write goes on, no block_on_error), which leaves the log device dirty;
+# the client's next flush then fails on it, and status shows the log's
+# F (dm-log's fail_log_device, F over D), as a leg's failed flush shows.
+rl=$(mkfile rlog.img 4K)
+file_sh "$tmpdir/rlog.sh" "$rl" "[ -e '$tmpdir/fail' ] && case \"\$1\" in pwrite|flush)
+    echo \"EIO injected \$1 failure\" >&2; exit 1 ;;
+esac"
+start_server rlog sh "$tmpdir/rlog.sh"
+rlog="nbd+unix:///?socket=$tmpdir/rlog.sock"
+ms create m7 --table "0 65536 mirror disk 3 $rlog 1024 nosync 2 $a0 0 $a1 0"
+ms status m7 | grep -q " 64/64 1 AA 3 disk .* A\$" || die "m7: status: $(ms status m7)"
+u7="nbd+unix:///m7?socket=$sock"
+nbdsh -u "$u7" -c "h.pwrite(b'x' * 4096, 4096); h.flush()"
+[ "$(dirty "$rl")" = 0 ] || die "m7: region 0 not marked: '$(dirty "$rl")'"
+touch "$tmpdir/fail"
+nbdsh -u "$u7" -c '
+import errno
+h.pwrite(b"y" * 4096, 512 * 1024)    # region 1: its mark fails
+try:
+    h.flush()
+    assert False, "a flush succeeded though the log device failed it"
+except nbd.Error as e:
+    assert e.errnum == errno.EIO, e
+' || die "m7: the log's failed flush"
+ms status m7 | grep -q " 64/64 1 AA 3 disk .* F\$" ||
+    die "m7: the log's failed flush is not in the status: $(ms status m7)"
+grep -q "device m7: log device .* failed a flush" "$tmpdir/log2" ||
+    die "m7: no event for the log's failed flush"
+rm "$tmpdir/fail"
+ms remove m7
+stop_server rlog
+
+# 8. A clean stop leaves nothing to resync (dm's postsuspend disk_flush):
+# regions written lately (in use at the last clear pass, or never passed
+# since) are cleaned by a suspend, once their writes drained, and by a
+# server stop; the restart loads the log with nothing dirty.
+b0=$(mkfile b0.img 32M); b1=$(mkfile b1.img 32M); blog=$(mkfile blog.img 4K)
+ms create m8 --table "0 65536 mirror disk 2 $blog 1024 2 $b0 0 $b1 0"
+wait_for grep -q "device m8: resync complete" "$tmpdir/log2" || die "m8: no resync"
+u8="nbd+unix:///m8?socket=$sock"
+nbdsh -u "$u8" -c "h.pwrite(b'a' * 4096, 3 * 512 * 1024); h.flush()
+h.pwrite(b'b' * 4096, 4 * 512 * 1024)"
+[ "$(dirty "$blog")" = "3 4" ] || die "m8: after writes: dirty '$(dirty "$blog")'"
+ms suspend m8
+[ -z "$(dirty "$blog")" ] || die "m8: a suspend left regions dirty: $(dirty "$blog")"
+ms resume m8
+nbdsh -u "$u8" -c "h.pwrite(b'c' * 4096, 5 * 512 * 1024)"
+[ "$(dirty "$blog")" = 5 ] || die "m8: after a write: dirty '$(dirty "$blog")'"
+stop_server ctl
+[ -z "$(dirty "$blog")" ] || die "m8: a clean stop left regions dirty: $(dirty "$blog")"
+start_server --stderr "$tmpdir/log3" ctl -f -v mapper tables="$tmpdir/t"
+grep -q "disk log $blog: loaded, 0/64 regions dirty" "$tmpdir/log3" ||
+    die "m8: the restart has regions to resync: $(grep "disk log $blog" "$tmpdir/log3")"
+ms remove m8
 stop_server ctl
 echo "$0: ok"

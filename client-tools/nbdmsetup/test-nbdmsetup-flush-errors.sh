@@ -15,21 +15,9 @@ requires nbdkit sh --version
 
 # A remote backend whose flushes fail while $tmpdir/fail exists.
 r=$(mkfile r.img 1M)
-cat > "$tmpdir/r.sh" <<EOF
-#!/bin/bash
-case "\$1" in
-    thread_model) echo parallel ;;
-    get_size) stat -L -c %s '$r' ;;
-    can_write|can_flush) exit 0 ;;
-    pread) dd if='$r' skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
-    pwrite) dd of='$r' seek=\$4 oflag=seek_bytes conv=notrunc status=none ;;
-    flush) if [ -e '$tmpdir/fail' ]; then
-               echo "EIO injected flush failure" >&2; exit 1
-           fi ;;
-    *) exit 2 ;;
-esac
-EOF
-chmod +x "$tmpdir/r.sh"
+file_sh "$tmpdir/r.sh" "$r" : "if [ -e '$tmpdir/fail' ]; then
+               echo 'EIO injected flush failure' >&2; exit 1
+           fi"
 start_server r sh "$tmpdir/r.sh"
 remote="nbd+unix:///?socket=$tmpdir/r.sock"
 

@@ -682,7 +682,8 @@ abandon_run (void *arg)
     return;
   for (unsigned i = 0; i < nb->nr_conns; i++)
     if (nb->conns[i].state == CONN_UP)
-      nbd_conn_drop (&nb->conns[i], "abandoned (multipath path timeout)");
+      nbd_conn_drop (&nb->conns[i], "abandoned by its target "
+                     "(a multipath path timeout, a clone's stop)");
   for (cmd = nb->waiting.head; cmd; cmd = next) {
     next = cmd->next;
     if (owned (cmd, a->owner)) {

@@ -23,6 +23,7 @@
  *   zeroed on the destination (MAY_TRIM: it stays sparse), not copied.
  * - Discards mark their whole regions hydrated and pass down to the
  *   destination unless no_discard_passdown; partial regions are left.
+ *   In fail mode a discard of regions not all hydrated is ignored (dm).
  * - Commit (dm's commit_metadata): the regions hydrated since the last
  *   one are taken, the destination flushed, then those bits committed;
  *   so a committed region's copy is durable, and a client write ordered
@@ -57,6 +58,12 @@
 #define COPY_CHUNK (4u << 20)
 #define COMMIT_PERIOD_NS 1000000000ULL
 #define CLONE_CACHE_BLOCKS 256
+/* A remove or a server stop waits this long for a commit (the last
+ * one's included) before it gives up its destination flush: a
+ * destination that stopped answering would otherwise hold it until the
+ * remote request timeout.
+ */
+#define STOP_GRACE_NS (5 * COMMIT_PERIOD_NS)
 
 struct clone_c;
 
@@ -69,6 +76,7 @@ struct clone_state {
   struct pd_blockdev pdev;
   struct clone_md *md;
   uint64_t len, region_bytes, region_sectors, nr_regions, nr_words;
+  uint64_t nr_sum;                /* words of dirty_sum, commit_sum */
 
   pthread_mutex_t lock;           /* everything below */
   pthread_cond_t cond;            /* busy cleared, work, stop */
@@ -76,6 +84,11 @@ struct clone_state {
   uint64_t *cmap;                 /* hydrated at the last commit */
   uint64_t *busy;                 /* being copied or overwritten */
   uint64_t *dirty;                /* hydrated since the last pre-commit */
+  /* Which words of dirty have a bit set (bit w % 64 of word w / 64), as
+   * dm-clone-metadata's dirty_words: a commit touches the words that
+   * changed, not every word of the bitmap (three times over).
+   */
+  uint64_t *dirty_sum;
   uint64_t nr_dirty;              /* bits set in dirty */
   uint64_t nr_hydrated;
   unsigned hydrating;             /* regions the workers copy now */
@@ -85,13 +98,25 @@ struct clone_state {
                                    * unlocked) */
   struct clone_c *bound;          /* the live target, while resumed */
   bool stop;                      /* workers: exit */
+  bool final_commit;              /* ...worker 0 after a last commit */
+  bool final_done;                /* it made that commit (or gave up) */
+  bool stop_committed;            /* the engine's stop committed: the
+                                   * dtr does not (the I/O loop is gone) */
   unsigned nr_workers;
   pthread_t workers[CLONE_WORKERS];
+  _Atomic unsigned running;       /* workers that found themselves and
+                                   * have not exited */
   _Atomic bool cancel;            /* workers' request_wait_cancel */
   uint64_t last_commit_ns;
+  bool flushing;                  /* a commit's destination flush is out */
+  struct backend *flush_be;       /* ...on this backend */
+  _Atomic bool commit_cancel;     /* a stop gave commits up (until the
+                                   * next start of the workers) */
 
   pthread_mutex_t commit_lock;    /* one commit at a time */
-  uint64_t *commit_words;         /* the commit's snapshot of dirty */
+  uint64_t *commit_words;         /* the commit's snapshot of dirty... */
+  uint64_t *commit_sum;           /* ...where commit_sum says (swapped
+                                   * with dirty_sum at each commit) */
 };
 
 /* One clone target: its table's arguments and what messages change. */
@@ -129,6 +154,26 @@ bit_clear (uint64_t *m, uint64_t i)
 
 /* --- metadata ----------------------------------------------------------- */
 
+/* The first word at or after *w whose bit is set in summary sum (nr_sum
+ * words), into *w: false if there is none.
+ */
+static inline bool
+sum_next (const uint64_t *sum, uint64_t nr_sum, uint64_t *w)
+{
+  uint64_t sw = *w / 64, m;
+
+  if (sw >= nr_sum)
+    return false;
+  m = sum[sw] & (~0ull << (*w % 64));
+  while (m == 0) {
+    if (++sw >= nr_sum)
+      return false;
+    m = sum[sw];
+  }
+  *w = sw * 64 + __builtin_ctzll (m);
+  return true;
+}
+
 /* Mark regions [r, r+n) hydrated (s->lock held). */
 static void
 mark_hydrated_locked (struct clone_state *s, uint64_t r, uint64_t n)
@@ -137,19 +182,22 @@ mark_hydrated_locked (struct clone_state *s, uint64_t r, uint64_t n)
     if (!bit_test (s->map, i)) {
       bit_set (s->map, i);
       bit_set (s->dirty, i);
+      s->dirty_sum[i / 4096] |= 1ull << (i / 64 % 64);
       s->nr_dirty++;
       s->nr_hydrated++;
     }
 }
 
 /* dm's commit_metadata: take what was hydrated so far, flush c's
- * destination, commit those bits.  0, or -EIO with the state failed.
+ * destination, commit those bits.  0, or -EIO with the state failed, or
+ * -ESHUTDOWN when a stop gave the flush up (nothing committed, those
+ * regions dirty again).
  */
 static int
 clone_commit (struct clone_state *s, struct clone_c *c)
 {
   char err[PD_ERR_LEN] = "";
-  bool any = false, was;
+  bool any = false, was, given_up;
   int r = 0;
 
   pthread_mutex_lock (&s->commit_lock);
@@ -161,38 +209,79 @@ clone_commit (struct clone_state *s, struct clone_c *c)
     pthread_mutex_unlock (&s->commit_lock);
     return -EIO;
   }
-  /* Not a scan of the whole bitmap under the lock for every flush of a
+  /* Only the words that changed (dirty_sum), and nothing at all for a
    * clone that hydrated nothing since.
    */
   any = s->nr_dirty != 0;
-  for (uint64_t w = 0; any && w < s->nr_words; w++) {
-    s->commit_words[w] = s->dirty[w];
-    s->dirty[w] = 0;
+  if (any) {
+    uint64_t *t = s->commit_sum;
+
+    for (uint64_t w = 0; sum_next (s->dirty_sum, s->nr_sum, &w); w++) {
+      s->commit_words[w] = s->dirty[w];
+      s->dirty[w] = 0;
+    }
+    s->commit_sum = s->dirty_sum;
+    s->dirty_sum = t;
+    memset (s->dirty_sum, 0, s->nr_sum * sizeof *s->dirty_sum);
   }
   s->nr_dirty = 0;
   pthread_mutex_unlock (&s->lock);
   if (!any)
     goto out;
-  /* The copies (and overwrites) of those regions durable first. */
-  if ((r = target_flush_backend (c->dest_be)) < 0) {
+  /* The copies (and overwrites) of those regions durable first: a
+   * flush of s's own, which a stop can give up (backend_abandon,
+   * wait_workers) where a shared flush could only be waited out.
+   */
+  pthread_mutex_lock (&s->lock);
+  given_up = atomic_load (&s->commit_cancel);
+  if (!given_up) {
+    s->flushing = true;
+    s->flush_be = c->dest_be;
+  }
+  pthread_mutex_unlock (&s->lock);
+  if (!given_up) {
+    r = io_sync_owned (IO_FLUSH, c->dest_be, 0, 0, NULL, s);
+    pthread_mutex_lock (&s->lock);
+    s->flushing = false;
+    pthread_cond_broadcast (&s->cond);
+    pthread_mutex_unlock (&s->lock);
+    given_up = r < 0 && (r == -ESHUTDOWN || atomic_load (&s->commit_cancel));
+  }
+  if (given_up)
+    goto give_up;
+  if (r < 0) {
     snprintf (err, sizeof err, "flush of the destination: %s",
               mapper_strerror (-r));
     goto failed;
   }
-  for (uint64_t w = 0; w < s->nr_words && r == 0; w++)
-    if (s->commit_words[w])
-      r = clone_md_set_bits (s->md, w, s->commit_words[w], err);
+  for (uint64_t w = 0; r == 0 && sum_next (s->commit_sum, s->nr_sum, &w);
+       w++)
+    r = clone_md_set_bits (s->md, w, s->commit_words[w], err);
   if (r == 0)
     r = clone_md_commit (s->md, err);
   if (r < 0)
     goto failed;
   pthread_mutex_lock (&s->lock);
-  for (uint64_t w = 0; w < s->nr_words; w++)
+  for (uint64_t w = 0; sum_next (s->commit_sum, s->nr_sum, &w); w++)
     s->cmap[w] |= s->commit_words[w];
   pthread_mutex_unlock (&s->lock);
  out:
   pthread_mutex_unlock (&s->commit_lock);
   return 0;
+ give_up:
+  /* Not a failure of the destination's (it may answer yet): nothing is
+   * committed, and those regions are dirty again for the next commit (a
+   * resume's), or copied again after a restart.
+   */
+  pthread_mutex_lock (&s->lock);
+  for (uint64_t w = 0; sum_next (s->commit_sum, s->nr_sum, &w); w++) {
+    s->nr_dirty += __builtin_popcountll (s->commit_words[w] & ~s->dirty[w]);
+    s->dirty[w] |= s->commit_words[w];
+    s->dirty_sum[w / 64] |= 1ull << (w % 64);
+  }
+  pthread_mutex_unlock (&s->lock);
+  pthread_mutex_unlock (&s->commit_lock);
+  return -ESHUTDOWN;
  failed:
   /* Those regions stay hydrated in core (their data is on the
    * destination, or lost with the flush), but nothing more is committed.
@@ -345,6 +434,7 @@ find_my_state (unsigned *me)
     for (unsigned i = 0; i < CLONE_WORKERS; i++)
       if (pthread_equal (s->workers[i], pthread_self ())) {
         *me = i;
+        atomic_fetch_add (&s->running, 1);
         return s;
       }
   return NULL;
@@ -424,14 +514,63 @@ clone_worker (void *arg)
     }
     report_done_locked (s, c);
   }
+  /* A stop that asked for it: the last commit, from here so that the
+   * stopper can give it up (wait_workers) instead of waiting in it.
+   */
+  if (me == 0 && s->final_commit && s->bound) {
+    struct clone_c *c = s->bound;
+
+    pthread_mutex_unlock (&s->lock);
+    clone_commit (s, c);
+    pthread_mutex_lock (&s->lock);
+    s->final_done = true;
+  }
+  atomic_fetch_sub (&s->running, 1);
+  pthread_cond_broadcast (&s->cond);
   pthread_mutex_unlock (&s->lock);
   free (buf);
   return NULL;
 }
 
-/* Stop the workers of s (and wait for them); the bound target stays. */
+/* Wait until s's workers have exited (their joins are then quick).
+ * grace_ns: after that long, give up the commit in flight (its
+ * destination flush: backend_abandon) and any later one; 0: wait as
+ * long as it takes.
+ */
 static void
-stop_workers (struct clone_state *s)
+wait_workers (struct clone_state *s, uint64_t grace_ns)
+{
+  uint64_t deadline = grace_ns ? monotonic_ns () + grace_ns : 0;
+
+  pthread_mutex_lock (&s->lock);
+  while (atomic_load (&s->running) > 0) {
+    uint64_t until = monotonic_ns () + 100000000;
+    struct timespec ts;
+
+    if (deadline && monotonic_ns () >= deadline) {
+      atomic_store (&s->commit_cancel, true);
+      if (s->flushing) {
+        struct backend *be = s->flush_be;
+
+        pthread_mutex_unlock (&s->lock);
+        /* Again each turn: the flush may not have been sent yet. */
+        backend_abandon (be, s);
+        pthread_mutex_lock (&s->lock);
+      }
+    }
+    ts.tv_sec = until / 1000000000;
+    ts.tv_nsec = until % 1000000000;
+    pthread_cond_timedwait (&s->cond, &s->lock, &ts);
+  }
+  pthread_mutex_unlock (&s->lock);
+}
+
+/* Stop the workers of s (and wait for them); the bound target stays.
+ * final: worker 0 commits once more before it exits (final_done says
+ * whether it did).  grace_ns: see wait_workers.
+ */
+static void
+stop_workers (struct clone_state *s, bool final, uint64_t grace_ns)
 {
   pthread_t ws[CLONE_WORKERS];
   unsigned n;
@@ -447,14 +586,18 @@ stop_workers (struct clone_state *s)
   memset (s->workers, 0, sizeof s->workers);
   s->nr_workers = 0;
   s->stop = true;
+  s->final_commit = final;
+  s->final_done = false;
   atomic_store (&s->cancel, true);
   pthread_cond_broadcast (&s->cond);
   pthread_mutex_unlock (&s->lock);
   pthread_mutex_unlock (&states_lock);
+  wait_workers (s, grace_ns);
   for (unsigned i = 0; i < n; i++)
     pthread_join (ws[i], NULL);
   pthread_mutex_lock (&s->lock);
   s->stop = false;
+  s->final_commit = false;
   atomic_store (&s->cancel, false);
   pthread_mutex_unlock (&s->lock);
 }
@@ -466,6 +609,9 @@ static void
 start_workers_locked (struct clone_state *s)
 {
   s->last_commit_ns = monotonic_ns ();
+  /* Commits given up at a stop are tried again from here on. */
+  atomic_store (&s->commit_cancel, false);
+  s->stop_committed = false;
   for (unsigned i = s->nr_workers; i < CLONE_WORKERS; i++) {
     /* workers[i] is set before the thread looks for itself: it waits
      * for states_lock, held here (find_my_state).
@@ -500,7 +646,7 @@ clone_resume (struct target *ti)
 
   if (is_bound (s, c, true))
     return;
-  stop_workers (s);             /* another table's (a replace) */
+  stop_workers (s, false, 0);   /* another table's (a replace) */
   pthread_mutex_lock (&states_lock);
   up = engine_up;
   pthread_mutex_lock (&s->lock);
@@ -511,22 +657,37 @@ clone_resume (struct target *ti)
   pthread_mutex_unlock (&states_lock);
 }
 
+/* Stop c's workers and commit, then unbind c.  grace_ns: see
+ * wait_workers (the commit is worker 0's, if it runs).
+ */
 static void
-clone_postsuspend (struct target *ti)
+unbind (struct clone_c *c, uint64_t grace_ns)
 {
-  struct clone_c *c = ti->private;
   struct clone_state *s = c->s;
+  bool done;
 
   if (!is_bound (s, c, false))
     return;
-  stop_workers (s);
-  /* dm's postsuspend commits: a suspended clone's hydrated regions are
-   * on disk, and the next table (linear on the destination) may go.
-   */
-  clone_commit (s, c);
+  stop_workers (s, true, grace_ns);
+  pthread_mutex_lock (&s->lock);
+  done = s->final_done || s->stop_committed;
+  pthread_mutex_unlock (&s->lock);
+  /* No worker ran (the engine not started) to commit. */
+  if (!done)
+    clone_commit (s, c);
   pthread_mutex_lock (&s->lock);
   s->bound = NULL;
   pthread_mutex_unlock (&s->lock);
+}
+
+/* dm's postsuspend commits: a suspended clone's hydrated regions are on
+ * disk, and the next table (linear on the destination) may go.  As long
+ * as that takes, as a suspend's flush of the backends does.
+ */
+static void
+clone_postsuspend (struct target *ti)
+{
+  unbind (ti->private, 0);
 }
 
 /* Tables resumed before the engine started get their workers now. */
@@ -558,9 +719,14 @@ clone_type_stop (void)
 
     s->refs++;
     pthread_mutex_unlock (&states_lock);
-    stop_workers (s);
+    /* Bounded: a destination that stopped answering does not hold the
+     * server's exit for the remote request timeout.
+     */
+    stop_workers (s, true, STOP_GRACE_NS);
     pthread_mutex_lock (&s->lock);
-    c = s->bound;
+    c = s->final_done ? NULL : s->bound;
+    /* The tables' dtrs (after the I/O loop stopped) commit no more. */
+    s->stop_committed = true;
     pthread_mutex_unlock (&s->lock);
     if (c)
       clone_commit (s, c);
@@ -581,7 +747,9 @@ state_free (struct clone_state *s)
   free (s->cmap);
   free (s->busy);
   free (s->dirty);
+  free (s->dirty_sum);
   free (s->commit_words);
+  free (s->commit_sum);
   pthread_cond_destroy (&s->cond);
   pthread_mutex_destroy (&s->lock);
   pthread_mutex_destroy (&s->commit_lock);
@@ -658,6 +826,7 @@ state_get (struct clone_c *c, uint64_t md_size, struct mapper_err *err)
   s->region_bytes = c->region_sectors << MAPPER_SECTOR_SHIFT;
   s->nr_regions = DIV_ROUND_UP (s->len, s->region_bytes);
   s->nr_words = DIV_ROUND_UP (s->nr_regions, 64);
+  s->nr_sum = DIV_ROUND_UP (s->nr_words, 64);
   pthread_mutex_init (&s->lock, NULL);
   pthread_mutex_init (&s->commit_lock, NULL);
   pthread_condattr_init (&ca);
@@ -670,7 +839,10 @@ state_get (struct clone_c *c, uint64_t md_size, struct mapper_err *err)
   s->busy = calloc (s->nr_words, 8);
   s->dirty = calloc (s->nr_words, 8);
   s->commit_words = calloc (s->nr_words, 8);
-  if (!s->map || !s->cmap || !s->busy || !s->dirty || !s->commit_words) {
+  s->dirty_sum = calloc (s->nr_sum, 8);
+  s->commit_sum = calloc (s->nr_sum, 8);
+  if (!s->map || !s->cmap || !s->busy || !s->dirty || !s->commit_words ||
+      !s->dirty_sum || !s->commit_sum) {
     mapper_err_set (err, "out of memory");
     state_free (s);
     return -ENOMEM;
@@ -711,7 +883,8 @@ clone_dtr (struct target *ti)
   if (c == NULL)
     return;
   if (c->s) {
-    clone_postsuspend (ti);
+    /* A live table's (a remove): bounded, as the server's stop. */
+    unbind (c, STOP_GRACE_NS);
     state_put (c->s);
   }
   free (c->args);
@@ -1011,6 +1184,13 @@ map_discard (struct clone_c *c, struct io_req *req, uint64_t off,
 
   if (first >= last)
     return 0;                   /* no whole region: nothing (dm) */
+  /* Fail mode (dm's process_discard_bio, mode >= read-only): regions
+   * already hydrated pass down as ever; otherwise the discard is
+   * ignored, neither marking a region that can never be committed nor
+   * punching a destination whose region the source still backs.
+   */
+  if (s->failed && !range_in (s->map, first, last - first))
+    return 0;
   pthread_mutex_lock (&s->lock);
   for (uint64_t r = first; r < last && e == 0; r++)
     if (!bit_test (s->map, r) && (e = wait_not_busy (s, r)) == 0)

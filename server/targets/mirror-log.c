@@ -34,7 +34,10 @@
  *   keeps its region dirty.  A region written between two passes stays
  *   dirty at the second: a region in use is not cleaned only to be
  *   marked again by its next write (one FUA log write per write when
- *   the client flushes often).
+ *   the client flushes often).  At a suspend (postsuspend, once the
+ *   writes drained) and when the server stops, a last pass cleans every
+ *   in-sync region, in use lately or not (dm's postsuspend disk_flush):
+ *   a clean stop leaves nothing to resync at the next start.
  * - While any leg has failed (a write, a resync write or a flush), no bit
  *   is cleared: those regions must be resynced when the leg is replaced
  *   (dm's RH_NOSYNC).
@@ -53,6 +56,9 @@
  * out of sync.  When the table goes live (resume) the bits are read
  * again and anything dirty there is dirty here too: a table loaded
  * while an older one on the same log was live misses none of its marks.
+ * A header that changed (a new log, another region count or size) is
+ * written then too, never by the constructor (dm's disk_resume): the
+ * older table, still live meanwhile, keeps the log it depends on.
  */
 #include <config.h>
 
@@ -164,6 +170,9 @@ log_write (struct mirror *m, uint64_t off, uint64_t len,
     log_failed (m, LOG_WRITE_ERR, r);
   return r;
 }
+
+static void begin_write (struct mirror_log *l);
+static void end_write (struct mirror_log *l);
 
 int
 mirror_log_ctr (struct mirror *m, const char *dev, bool block_on_error,
@@ -306,19 +315,14 @@ mirror_log_ctr (struct mirror *m, const char *dev, bool block_on_error,
                   " regions dirty (to resync)", target_origin (m->ti), dev,
                   fresh ? "new log" : "loaded", dirty, m->nr_regions);
 
-  /* Written only when it changed: an unchanged log may be in use by the
-   * live table this one replaces.
+  /* A changed header (a new log, another region count or size) is
+   * written at resume, not here (dm's disk_resume): the live table this
+   * one may replace still marks its regions on this log, in its layout,
+   * and must not find the header changed under it while it runs; a table
+   * never resumed changes nothing on the device.
    */
-  if (changed) {
-    pthread_mutex_lock (&l->lock);
-    r = log_write (m, 0, l->size, NULL);
-    pthread_mutex_unlock (&l->lock);
-    if (r < 0) {
-      mapper_err_set (err, "log device %s: cannot write the log: %s", dev,
-                      mapper_strerror (-r));
-      return r;
-    }
-  }
+  l->fresh = fresh;
+  l->changed = changed;
   return 0;
 }
 
@@ -333,6 +337,11 @@ mirror_log_resume (struct mirror *m)
   if (l == NULL || l->merged)
     return;
   l->merged = true;
+  /* A re-initialised log's bits on the device are another layout's (or
+   * were asked to be forgotten: sync, nosync): nothing to merge.
+   */
+  if (l->fresh)
+    goto write;
   disk = malloc (l->size);
   if (disk == NULL ||
       (e = io_sync (IO_READ, l->be, 0, l->size, (char *) disk, 0)) < 0) {
@@ -363,6 +372,22 @@ mirror_log_resume (struct mirror *m)
     mapper_debug ("mirror %s: disk log %s: %" PRIu64 " more regions dirty "
                   "at resume", target_origin (m->ti), backend_name (l->be),
                   n);
+ write:
+  /* The table this one replaced is suspended: the header is this one's
+   * now.  A failure is the log's D (an event), as dm's disk_resume.
+   */
+  if (l->changed) {
+    pthread_mutex_lock (&l->lock);
+    begin_write (l);
+    if (log_write (m, 0, l->size, NULL) == 0)
+      l->changed = false;
+    else if (mapper_log)
+      mapper_log ("mirror %s: disk log %s: cannot write the log's new "
+                  "header at resume", target_origin (m->ti),
+                  backend_name (l->be));
+    end_write (l);
+    pthread_mutex_unlock (&l->lock);
+  }
 }
 
 void
@@ -519,8 +544,12 @@ struct candidate {
   uint64_t region, state;
 };
 
-void
-mirror_log_clear_pass (struct mirror *m)
+/* The clear pass.  all: every in-sync dirty region with no write in
+ * flight, whether or not one came since the last pass (a suspended
+ * table's, whose writes have drained: dm's postsuspend disk_flush).
+ */
+static void
+clear_pass (struct mirror *m, bool all)
 {
   struct mirror_log *l = m->log;
   struct candidate *c = NULL;
@@ -552,7 +581,8 @@ mirror_log_clear_pass (struct mirror *m)
     s = atomic_load (&l->wstate[r]);
     if (s != l->seen[r]) {
       l->seen[r] = s;           /* in use: not this time */
-      continue;
+      if (!all)
+        continue;
     }
     if (s & LOG_PENDING_MASK)
       continue;
@@ -619,6 +649,24 @@ mirror_log_clear_pass (struct mirror *m)
  out:
   pthread_mutex_unlock (&l->pass_lock);
   free (c);
+}
+
+void
+mirror_log_flush_failed (struct mirror *m)
+{
+  log_failed (m, LOG_FLUSH_ERR, -EIO);
+}
+
+void
+mirror_log_clear_pass (struct mirror *m)
+{
+  clear_pass (m, false);
+}
+
+void
+mirror_log_clean_all (struct mirror *m)
+{
+  clear_pass (m, true);
 }
 
 char

@@ -38,6 +38,7 @@ static pthread_mutex_t resync_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t resync_cond = PTHREAD_COND_INITIALIZER;
 static struct mirror *resync_list;      /* FIFO, head copied next */
 static struct mirror *resync_current;   /* being copied (lock dropped) */
+static struct mirror *live_logs;        /* live mirrors with a disk log */
 static bool engine_running;
 static bool worker_running;             /* thread exists, not yet joined */
 static bool worker_exiting;             /* it has left its loop */
@@ -125,6 +126,14 @@ mirror_resync_stop (void)
   pthread_mutex_unlock (&resync_lock);
   if (join)
     pthread_join (worker_thread, NULL);
+  /* A clean stop: the live disk logs' last pass (as at a suspend), while
+   * the I/O loop still runs for remote legs and logs.  No client is
+   * left to write.
+   */
+  pthread_mutex_lock (&resync_lock);
+  for (struct mirror *m = live_logs; m; m = m->live_next)
+    mirror_log_clean_all (m);
+  pthread_mutex_unlock (&resync_lock);
 }
 
 static void
@@ -454,6 +463,10 @@ mirror_resync_resume (struct mirror *m)
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&resync_lock);
   int r;
 
+  if (!m->live && m->log) {
+    m->live_next = live_logs;
+    live_logs = m;
+  }
   m->live = true;
   enqueue_locked (m);
   if ((r = kick_worker_locked ()) < 0 && mapper_debug)
@@ -461,11 +474,18 @@ mirror_resync_resume (struct mirror *m)
                   target_origin (m->ti), strerror (-r));
 }
 
-void
+bool
 mirror_resync_suspend (struct mirror *m)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&resync_lock);
+  bool was_live = m->live;
 
+  if (was_live && m->log) {
+    struct mirror **p;
+    for (p = &live_logs; *p != m; p = &(*p)->live_next)
+      ;
+    *p = m->live_next;
+  }
   m->live = false;
   dequeue_locked (m);
   /* A copy held by a suspended device (a leg on mapper:NAME) would hold
@@ -477,4 +497,5 @@ mirror_resync_suspend (struct mirror *m)
   while (resync_current == m)
     pthread_cond_wait (&resync_cond, &resync_lock);
   atomic_store (&m->stop_copy, false);
+  return was_live;
 }

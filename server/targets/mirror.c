@@ -164,6 +164,13 @@ mirror_flush_failed (struct target *ti, struct backend *be)
       mirror_mark_leg (m, i, LEG_FLUSH_ERR, "failed a flush");
       ok &= m->handle_errors && drop_leg (m, i);
     }
+  /* The log's flush failed (dm-log's fail_log_device: status F): what it
+   * holds may not be durable, and no leg stands in for it.
+   */
+  if (m->log && m->log->be == be) {
+    mirror_log_flush_failed (m);
+    ok = false;
+  }
   return ok;
 }
 
@@ -539,10 +546,18 @@ mirror_flush (struct target *ti, struct io_req *req)
   return 0;
 }
 
+/* dm's postsuspend: the disk log's last clear pass (disk_flush), the
+ * writes having drained, so that a clean stop leaves nothing to resync.
+ * Only a table that was live: one that never was (a reload's, cleared)
+ * shares the log with the live table, whose bits these are not.
+ */
 static void
 mirror_postsuspend (struct target *ti)
 {
-  mirror_resync_suspend (ti->private);
+  struct mirror *m = ti->private;
+
+  if (mirror_resync_suspend (m) && m->log)
+    mirror_log_clean_all (m);
 }
 
 static void
@@ -570,7 +585,11 @@ mirror_iterate_backends (struct target *ti,
   for (unsigned i = 0; i < m->nr_legs; i++)
     if ((r = fn (ti, m->legs[i].be, data)) != 0)
       return r;
-  return 0;
+  /* The disk log is one of the device's backends too: flushed once with
+   * the legs, and its failed flush is the target's to judge
+   * (flush_failed: status F).
+   */
+  return m->log ? fn (ti, m->log->be, data) : 0;
 }
 
 const struct target_type mirror_target = {

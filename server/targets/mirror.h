@@ -40,6 +40,9 @@ struct mirror_log {
   uint32_t block;               /* I/O unit of the log device */
   bool block_on_error;          /* an unloggable write fails */
   bool merged;                  /* resume has re-read the bits */
+  bool fresh;                   /* ctr: a new log (nothing to merge) */
+  bool changed;                 /* ctr: the header is to be written at
+                                 * resume */
 
   /* The log area's image: dm's header, then the clean bits at byte
    * LOG_OFFSET (little-endian bit order).  Changed only under lock
@@ -119,6 +122,8 @@ struct mirror {
   bool live;                    /* table live: may resync */
   bool queued;                  /* on the resync list */
   struct mirror *next;
+  struct mirror *live_next;     /* live and with a disk log: the stop's
+                                 * last clear pass */
   uint64_t next_region;         /* where the worker looks next */
   uint64_t last_pass_ns;        /* the worker's last log clear pass */
 
@@ -174,6 +179,13 @@ int mirror_log_write_enter (struct mirror *m, uint64_t off, uint64_t len,
 void mirror_log_write_exit (struct mirror *m, uint64_t off, uint64_t len,
                             unsigned n);
 void mirror_log_clear_pass (struct mirror *m);
+/* The pass at a suspend or a stop, writes drained: every in-sync dirty
+ * region with no write in flight, whether used since the last pass or
+ * not.
+ */
+void mirror_log_clean_all (struct mirror *m);
+/* A device flush of the log device failed: status F, an event. */
+void mirror_log_flush_failed (struct mirror *m);
 char mirror_log_status_char (struct mirror *m);
 
 /* mirror-resync.c: the engine-wide resync worker (the type's start and
@@ -183,7 +195,8 @@ char mirror_log_status_char (struct mirror *m);
 int mirror_resync_start (struct mapper_err *err);
 void mirror_resync_stop (void);
 void mirror_resync_resume (struct mirror *m);
-void mirror_resync_suspend (struct mirror *m);
+/* false if m was not live */
+bool mirror_resync_suspend (struct mirror *m);
 /* The write fence: init/destroy with the mirror.  A write of n clones
  * of target bytes [off, off+len) counts itself in with
  * mirror_write_enter (waiting while the region being copied overlaps

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# A clone whose destination stops answering flushes (a remote export
+# whose flush hangs while $tmpdir/hold exists; remote-timeout an hour):
+# worker 0's periodic commit hangs in the destination's flush.  Then
+#  1. nbdmsetup remove completes (the commit's flush is given up, not
+#     waited out to the request timeout), and the metadata does not say
+#     the region written since the last commit is hydrated (its copy's
+#     durability was never confirmed);
+#  2. the same for a server stop (SIGTERM: stop_server fails the test if
+#     the server is still there 10 s later).
+# No time is asserted: the bounds are the harness's, far below the
+# request timeout.
+source "$(dirname "$0")/functions-ms.sh"
+requires nbdsh --version
+requires nbdkit sh --version
+requires timeout --version
+
+src=$(mkfile src.img 4M)
+fill_random "$src" $((4 << 20)) 3
+dest=$(mkfile dest.img 4M)
+file_sh "$tmpdir/dest.sh" "$dest" : "if [ -e '$tmpdir/hold' ]; then
+               touch '$tmpdir/holding'
+               while [ -e '$tmpdir/hold' ]; do sleep 0.1; done
+           fi"
+start_server destsrv sh "$tmpdir/dest.sh"
+desturi="nbd+unix:///?socket=$tmpdir/destsrv.sock"
+mkdir "$tmpdir/t"
+start_server --stderr "$tmpdir/log" ctl -f mapper tables="$tmpdir/t" \
+    remote-timeout=3600
+cleanup_fn "rm -f '$tmpdir/hold'"
+uri="nbd+unix:///c?socket=$sock"
+
+# hydrated MD: the hydrated regions the metadata records (clone_md.py).
+hydrated ()
+{
+    python3 "$top_srcdir/tests/clone_md.py" check "$1" > "$tmpdir/md.out" ||
+        die "metadata: $(cat "$tmpdir/md.out")"
+    sed -n 's/^hydrated: *//p' "$tmpdir/md.out"
+}
+
+# Region N (4 KiB regions) overwritten whole, then held in the commit.
+write_and_hold ()
+{
+    nbdsh -u "$uri" -c "h.pwrite(b'w' * 4096, 4096 * $1)"
+    rm -f "$tmpdir/holding"
+    touch "$tmpdir/hold"
+    wait_for test -e "$tmpdir/holding" || die "no commit reached the destination"
+}
+
+for how in remove stop; do
+    md=$(mkfile md-$how.img 1M)
+    ms create c --table "0 8192 clone $md $desturi $src 8 1 no_hydration"
+    nbdsh -u "$uri" -c "h.pwrite(b'c' * 4096, 4096); h.flush()"
+    [ "$(hydrated "$md")" = 1 ] || die "$how: after a flush: $(cat "$tmpdir/md.out")"
+    write_and_hold 2
+    if [ $how = remove ]; then
+        timeout 60 "$NBDMSETUP" remove c ||
+            die "remove did not complete while a commit's flush hung"
+        ms ls | grep -q '^c' && die "c still there"
+    else
+        stop_server ctl || die "the server did not stop while a commit's flush hung"
+    fi
+    # Region 2's copy was never confirmed durable: not committed.
+    [ "$(hydrated "$md")" = 1 ] ||
+        die "$how: uncommitted regions in the metadata: $(cat "$tmpdir/md.out")"
+    rm -f "$tmpdir/hold"
+done
+grep -i "metadata commit failed" "$tmpdir/log" &&
+    die "a commit given up at a stop was taken for a failure"
+stop_server destsrv
+echo "$0: ok"
