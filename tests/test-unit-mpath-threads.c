@@ -110,6 +110,26 @@ stop_engine (void)
   engine_stop ();
 }
 
+/* A new engine; a multipath's resume in which the watchdog starts and
+ * the checker does not, fn running while the watchdog is joined: the
+ * resume fails.
+ */
+static struct device *
+checker_fails (void (*fn) (void))
+{
+  struct mapper_err err = { "" };
+  struct device *dev;
+  int r;
+
+  CHECK_EQ (engine_start (&err), 0);
+  atomic_store (&fail_after, 2);
+  in_join = fn;
+  dev = mpath_device ("mp", &r, &err);
+  CHECK_EQ (r, -EAGAIN);
+  CHECK (in_join == NULL);
+  return dev;
+}
+
 int
 main (void)
 {
@@ -156,12 +176,7 @@ main (void)
 
   /* The checker cannot start; a resume meanwhile is refused too. */
   path_a = a;
-  CHECK_EQ (engine_start (&err), 0);
-  atomic_store (&fail_after, 2);
-  in_join = resume_other;
-  dev = mpath_device ("mp", &r, &err);
-  CHECK_EQ (r, -EAGAIN);
-  CHECK (in_join == NULL);
+  dev = checker_fails (resume_other);
   CHECKF (other_r == -EAGAIN, "a resume while the watchdog is joined: %d "
           "(0: it runs without the threads)", other_r);
   CHECKF (strstr (other_err.msg, "cannot start the path checker and "
@@ -179,12 +194,7 @@ main (void)
   /* The checker cannot start, and the engine stops meanwhile: it stays
    * stopped (a resume starts no thread nobody would join).
    */
-  CHECK_EQ (engine_start (&err), 0);
-  atomic_store (&fail_after, 2);
-  in_join = stop_engine;
-  dev = mpath_device ("mp", &r, &err);
-  CHECK_EQ (r, -EAGAIN);
-  CHECK (in_join == NULL);
+  dev = checker_fails (stop_engine);
   r = atomic_load (&created);
   other = mpath_device ("other", &other_r, &other_err);
   CHECK_EQ (other_r, 0);

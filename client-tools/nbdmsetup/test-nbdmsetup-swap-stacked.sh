@@ -10,11 +10,7 @@
 # (busy), the rest runs, and low's resume ends it.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
-a=$(mkfile a.img 1M)
-mkdir "$tmpdir/t"
-start_server ctl mapper tables="$tmpdir/t"
-ms create low --table "0 2048 linear $a 0"
-ms create up --table "0 2048 linear mapper:low 0"
+stacked_pair
 busy='waiting for its 1 request in flight'
 
 # hold_read: suspend low, then read up in the background (held at low's
