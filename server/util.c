@@ -29,13 +29,20 @@ int
 mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
                       const char *name)
 {
+  return mapper_thread_create_arg (thread, fn, NULL, name);
+}
+
+int
+mapper_thread_create_arg (pthread_t *thread, void *(*fn) (void *),
+                          void *arg, const char *name)
+{
   sigset_t all, old;
   int r;
 
   /* The new thread inherits the mask in force when it is created. */
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
-  r = pthread_create (thread, NULL, fn, NULL);
+  r = pthread_create (thread, NULL, fn, arg);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (r == 0)
     pthread_setname_np (*thread, name);

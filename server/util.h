@@ -47,6 +47,9 @@ uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
 /* A thread that blocks all signals, named NAME; 0 or an errno. */
 int mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
                           const char *name);
+/* The same, fn called with arg. */
+int mapper_thread_create_arg (pthread_t *thread, void *(*fn) (void *),
+                              void *arg, const char *name);
 
 /* util.c: one turn of a wait that holds a client request: wait on cond
  * (lock held, as for pthread_cond_wait) until woken or until deadline
