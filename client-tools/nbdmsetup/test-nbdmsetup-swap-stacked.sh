@@ -36,22 +36,27 @@ swap_waits ()
     shift
     "$@" > "$tmpdir/swap.out" 2>&1 &
     swapper=$!
-    # Its drain has begun once a change to up is refused as busy.  Each
-    # try is bounded: before the fix it hung, as every other command did.
+    # Its drain has begun once a change to up is refused as busy; the
+    # probe changes nothing before (up to itself: "already exists").
+    # Each try is bounded: before the fix it hung, as every other
+    # command did.
     for (( i = 0; ; i++ )); do
         rc=0
-        timeout 10 "$NBDMSETUP" clear up > "$tmpdir/busy" 2>&1 || rc=$?
+        timeout 10 "$NBDMSETUP" rename up up > "$tmpdir/busy" 2>&1 || rc=$?
         [ "$rc" -ne 124 ] ||
-            die "$what: clear up hangs: the control export is blocked"
+            die "$what: rename up hangs: the control export is blocked"
         grep -q "$busy" "$tmpdir/busy" && break
+        grep -q "already exists" "$tmpdir/busy" ||
+            die "$what: rename up up: $(cat "$tmpdir/busy")"
         [ "$i" -lt 100 ] ||
-            die "$what: clear up never refused as busy: $(cat "$tmpdir/busy")"
+            die "$what: rename up never refused as busy: $(cat "$tmpdir/busy")"
         sleep 0.1
     done
     kill -0 "$swapper" 2>/dev/null || die "$what did not wait for the read"
     timeout 10 "$NBDMSETUP" info low > /dev/null || die "$what: info low blocked"
     timeout 10 "$NBDMSETUP" ls > /dev/null || die "$what: ls blocked"
     files=$(cd "$tmpdir/t" && ls)
+    fails "clear: device 'up': .*$busy" timeout 10 "$NBDMSETUP" clear up
     fails "load: device 'up': .*$busy" \
         timeout 10 "$NBDMSETUP" load up --table "0 2048 error"
     fails "rename: device 'up': .*$busy" timeout 10 "$NBDMSETUP" rename up up2
