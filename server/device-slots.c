@@ -65,6 +65,44 @@ unsuspend_locked (struct device *dev)
   pthread_cond_broadcast (&dev->gate_cond);
 }
 
+/* The outer lock this thread holds around a swap (the control export's,
+ * device_set_drain_unlock): NULL, none.
+ */
+static __thread void (*drain_unlock) (bool relock);
+
+void
+device_set_drain_unlock (void (*fn) (bool relock))
+{
+  drain_unlock = fn;
+}
+
+/* Wait for the requests in flight (dev->lock held, dev->draining set).
+ * One of them may wait for another device's resume (a device stacked on
+ * a suspended one holds it at that device's gate), and that resume
+ * needs the caller's outer lock: the wait is made without it.  What
+ * would change dev meanwhile is refused (dev->draining); the lock order
+ * (outer lock, then dev->lock) is kept by taking the outer one back
+ * with dev->lock released.
+ */
+static void
+drain_locked (struct device *dev)
+{
+  while (atomic_load (&dev->inflight) != 0) {
+    if (drain_unlock == NULL) {
+      pthread_cond_wait (&dev->drain_cond, &dev->lock);
+      continue;
+    }
+    pthread_mutex_unlock (&dev->lock);
+    drain_unlock (false);
+    pthread_mutex_lock (&dev->lock);
+    while (atomic_load (&dev->inflight) != 0)
+      pthread_cond_wait (&dev->drain_cond, &dev->lock);
+    pthread_mutex_unlock (&dev->lock);
+    drain_unlock (true);
+    pthread_mutex_lock (&dev->lock);
+  }
+}
+
 /* Stop admitting requests and wait for those in flight, then (unless
  * noflush) make what they wrote durable.  A failed flush fails the
  * suspend and leaves the device as it was, running (dm's
@@ -85,8 +123,7 @@ suspend_locked (struct device *dev, bool noflush)
   if (dev->live)
     table_presuspend (dev->live);
   dev->draining = true;
-  while (atomic_load (&dev->inflight) != 0)
-    pthread_cond_wait (&dev->drain_cond, &dev->lock);
+  drain_locked (dev);
   dev->draining = false;
   /* Background work (mirror resync) stops too: nothing writes the
    * table's backends until resume.
@@ -130,6 +167,12 @@ device_suspend (struct device *dev, bool noflush)
   return r < 0 ? r : suspend_locked (dev, noflush);
 }
 
+int
+device_check_busy (struct device *dev, struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  return refuse_if_draining (dev, err);
+}
 
 /* --- the slots: load, resume, clear, replace ------------------------- */
 

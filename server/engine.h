@@ -139,6 +139,20 @@ int device_load (struct device *dev, struct table *t);  /* takes t */
  * requests in flight; else the flush's error (noflush: none).
  */
 int device_suspend (struct device *dev, bool noflush);
+/* -EBUSY with err filled while a suspend, or the swap of a resume or
+ * replace, of dev waits for its requests in flight (what would change
+ * its tables or name meanwhile is refused), else 0.
+ */
+int device_check_busy (struct device *dev, struct mapper_err *err);
+/* The caller (this thread) holds an outer lock around its resumes and
+ * replaces (the control export's), which fn(false) releases and
+ * fn(true) takes again; NULL: none.  Their wait for the requests in
+ * flight is then made without it: a request may wait for another
+ * device's resume, which needs that lock (a device stacked on a
+ * suspended one).  Meanwhile dev is busy (device_check_busy), and the
+ * caller must refuse what would change it.
+ */
+void device_set_drain_unlock (void (*fn) (bool relock));
 /* Swap in the inactive table (if any) and let requests in.  Refused,
  * changing nothing, if the inactive table would break a device stacked
  * on dev (device_check_holders) or the flush before the swap fails (the

@@ -17,6 +17,18 @@ unset NBDMSETUP_KEY
 
 ms () { "$NBDMSETUP" "$@"; }
 
+# stacked_pair: a server (tables=$tmpdir/t) with "low", a linear device
+# over a.img, and "up" stacked on it.
+stacked_pair ()
+{
+    local a
+    a=$(mkfile a.img 1M)
+    mkdir "$tmpdir/t"
+    start_server ctl mapper tables="$tmpdir/t"
+    ms create low --table "0 2048 linear $a 0"
+    ms create up --table "0 2048 linear mapper:low 0"
+}
+
 # fails PATTERN CMD...: CMD must exit 1 with a "nbdmsetup: " message
 # matching PATTERN (grep -E).
 fails ()

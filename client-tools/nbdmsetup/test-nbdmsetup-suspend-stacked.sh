@@ -8,11 +8,7 @@
 # refused meanwhile (busy), the rest runs, and low's resume ends it.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
-a=$(mkfile a.img 1M)
-mkdir "$tmpdir/t"
-start_server ctl mapper tables="$tmpdir/t"
-ms create low --table "0 2048 linear $a 0"
-ms create up --table "0 2048 linear mapper:low 0"
+stacked_pair
 ms suspend low
 nbdsh -u "nbd+unix:///up?socket=$sock" \
     -c 'h.pread(512, 0); print("read done", flush=True)' > "$tmpdir/read.out" &

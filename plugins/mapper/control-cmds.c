@@ -64,6 +64,28 @@ get_device (struct reply *rp, const char *cmd, const char *name)
   return dev;
 }
 
+/* get_device for a command that changes the device's tables, files or
+ * name: refused while a suspend or a swap waits for its requests in
+ * flight (a swap waits without control_lock, control_drain_unlock).
+ * Before anything is saved: a resume or replace refused by the engine
+ * only after its save would put back the live table's text over what
+ * the waiting swap saved.
+ */
+static struct device *
+get_idle_device (struct reply *rp, const char *cmd, const char *name)
+{
+  struct mapper_err err = { "" };
+  struct device *dev = get_device (rp, cmd, name);
+  int r;
+
+  if (dev && (r = device_check_busy (dev, &err)) < 0) {
+    reply_fail (rp, -r, "%s: %s", cmd, err.msg);
+    device_put (dev);
+    return NULL;
+  }
+  return dev;
+}
+
 static struct table *
 parse_table (struct reply *rp, const char *cmd, const char *name,
              const char *text)
@@ -362,7 +384,7 @@ cmd_load (struct reply *rp, struct proto_request *req)
 
   if (need_args (rp, req, 2, 2) == -1)
     return -1;
-  if ((dev = get_device (rp, "load", req->args[0])) == NULL)
+  if ((dev = get_idle_device (rp, "load", req->args[0])) == NULL)
     return -1;
   t = parse_table (rp, "load", req->args[0], req->args[1]);
   if (t && check_stacking (rp, "load", dev, t) == -1) {
@@ -382,7 +404,7 @@ cmd_clear (struct reply *rp, struct proto_request *req)
 
   if (need_args (rp, req, 1, 1) == -1)
     return -1;
-  if ((dev = get_device (rp, "clear", req->args[0])) == NULL)
+  if ((dev = get_idle_device (rp, "clear", req->args[0])) == NULL)
     return -1;
   device_clear (dev);
   device_put (dev);
@@ -490,7 +512,7 @@ cmd_resume (struct reply *rp, struct proto_request *req)
 
   if (need_args (rp, req, 1, 1) == -1)
     return -1;
-  if ((dev = get_device (rp, "resume", req->args[0])) == NULL)
+  if ((dev = get_idle_device (rp, "resume", req->args[0])) == NULL)
     return -1;
   device_get_info (dev, &info);
   if (info.inactive) {
@@ -529,7 +551,7 @@ cmd_replace (struct reply *rp, struct proto_request *req)
 
   if (need_args (rp, req, 2, 2) == -1)
     return -1;
-  if ((dev = get_device (rp, "replace", req->args[0])) == NULL)
+  if ((dev = get_idle_device (rp, "replace", req->args[0])) == NULL)
     return -1;
   t = parse_table (rp, "replace", req->args[0], req->args[1]);
   if (t == NULL || check_stacking (rp, "replace", dev, t) == -1 ||
@@ -567,7 +589,7 @@ cmd_remove (struct reply *rp, struct proto_request *req)
 
   if (need_args (rp, req, 1, 1) == -1)
     return -1;
-  if ((dev = get_device (rp, "remove", req->args[0])) == NULL)
+  if ((dev = get_idle_device (rp, "remove", req->args[0])) == NULL)
     return -1;
   if (check_saved (rp, req->args[0]) == -1) {
     device_put (dev);
@@ -600,7 +622,7 @@ cmd_rename (struct reply *rp, struct proto_request *req)
     return -1;
   if ((r = device_check_name (req->args[1], &err)) < 0)
     return reply_fail (rp, -r, "rename: %s", err.msg);
-  if ((dev = get_device (rp, "rename", req->args[0])) == NULL)
+  if ((dev = get_idle_device (rp, "rename", req->args[0])) == NULL)
     return -1;
   if ((other = device_get (req->args[1])) != NULL) {
     device_put (other);
@@ -889,6 +911,22 @@ static const cmd_fn commands[] = {
   [PROTO_CMD_STATS] = cmd_stats, [PROTO_CMD_CLIENTS] = cmd_clients,
 };
 
+/* A resume or replace waits for the device's requests in flight without
+ * control_lock (device_set_drain_unlock): one may be held at the gate of
+ * a suspended device it stacks on, whose resume needs the lock.  What
+ * would change the draining device meanwhile is refused (busy:
+ * get_idle_device, and the engine for suspend, resume, replace and
+ * message); every other command runs.
+ */
+static void
+control_drain_unlock (bool relock)
+{
+  if (relock)
+    pthread_mutex_lock (&control_lock);
+  else
+    pthread_mutex_unlock (&control_lock);
+}
+
 void
 control_run (struct reply *rp, struct proto_request *req)
 {
@@ -902,7 +940,9 @@ control_run (struct reply *rp, struct proto_request *req)
     commands[req->cmd] (rp, req);
   else {
     pthread_mutex_lock (&control_lock);
+    device_set_drain_unlock (control_drain_unlock);
     commands[req->cmd] (rp, req);
+    device_set_drain_unlock (NULL);
     pthread_mutex_unlock (&control_lock);
   }
 }

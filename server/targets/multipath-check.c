@@ -40,6 +40,12 @@ static pthread_cond_t list_cond = PTHREAD_COND_INITIALIZER;
 static struct mpath *list;
 static bool engine_running, threads_running;
 static bool checker_running;    /* the watchdog outlives the checker */
+/* The checker could not start: the watchdog just started stops, and is
+ * joined without list_lock.  Meanwhile the threads neither run nor may
+ * start (start_threads_locked refuses), and engine_running is left to
+ * engine_stop.
+ */
+static bool watch_abort;
 static pthread_t watch_thread, check_thread;
 
 /* list_lock held: sleep for ns (or until stopped). */
@@ -115,7 +121,7 @@ watch_worker (void *arg)
 {
   pthread_mutex_lock (&list_lock);
   /* Until the checker has stopped: it may be in a probe to give up. */
-  while (engine_running || checker_running) {
+  while ((engine_running && !watch_abort) || checker_running) {
     uint64_t now;
 
     tick (WATCH_NS);
@@ -177,6 +183,12 @@ start_threads_locked (void)
 {
   int e;
 
+  /* Another start failed and is joining its watchdog: these threads
+   * cannot be had now either (and a resume that took 0 here would run
+   * without them).
+   */
+  if (watch_abort)
+    return -EAGAIN;
   if (threads_running || !engine_running)
     return 0;
   if ((e = mapper_thread_create (&watch_thread, watch_worker,
@@ -186,12 +198,12 @@ start_threads_locked (void)
   if ((e = mapper_thread_create (&check_thread, check_worker,
                                  "mapper-mpathc")) != 0) {
     checker_running = false;
-    engine_running = false;
+    watch_abort = true;
     pthread_cond_broadcast (&list_cond);
     pthread_mutex_unlock (&list_lock);
     pthread_join (watch_thread, NULL);
     pthread_mutex_lock (&list_lock);
-    engine_running = true;
+    watch_abort = false;
     return -e;
   }
   threads_running = true;
