@@ -30,6 +30,10 @@ uses_backend_cb (struct target *ti, struct backend *be, void *data)
 /* Flush bes[0..n) of table t.  A backend whose flush failed does not fail
  * the flush when every target using it can do without it (a mirror with
  * handle_errors drops the leg): the flush_failed hook, error path only.
+ * A failed backend that no target lists (iterate_backends) fails the
+ * flush: nothing vouches that the writes it took are durable elsewhere
+ * (a mirror's log device once went unlisted, and its failed flush was
+ * absorbed).
  */
 static int
 flush_table (struct table *t, struct backend *const *bes, size_t n,
@@ -49,6 +53,8 @@ flush_table (struct table *t, struct backend *const *bes, size_t n,
   for (size_t i = 0; r < 0 && i < n; i++) {
     if (errs[i] == 0)
       continue;
+    bool claimed = false;
+
     found = true;
     for (size_t j = 0; j < t->nr_targets; j++) {
       struct target *ti = &t->targets[j];
@@ -56,10 +62,13 @@ flush_table (struct table *t, struct backend *const *bes, size_t n,
 
       if (ti->type->iterate_backends)
         ti->type->iterate_backends (ti, uses_backend_cb, &u);
+      claimed |= u.found;
       if (u.found && (ti->type->flush_failed == NULL ||
                       !ti->type->flush_failed (ti, bes[i])))
         goto out;               /* r stands */
     }
+    if (!claimed)
+      goto out;                 /* r stands */
   }
   if (found)
     r = 0;                      /* every failure absorbed */
