@@ -16,6 +16,7 @@
  */
 #include <config.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -510,7 +511,9 @@ nbd_conn_claim (struct nbd_conn *conn)
 void
 nbd_conn_settle (struct nbd_conn *conn)
 {
-  if (conn->wire && conn->state == CONN_UP && !conn->lost &&
+  if (conn->wire && atomic_load_explicit (&conn->nb->park,
+                                          memory_order_relaxed) &&
+      conn->state == CONN_UP && !conn->lost &&
       conn->inflight.len == 0 && nbd_wire_idle (conn->wire) &&
       atomic_load (&conn->owner) == OWN_LOOP) {
     /* Unwatched from now on: a worker's exchange on it must not wake
@@ -522,6 +525,23 @@ nbd_conn_settle (struct nbd_conn *conn)
   }
   else
     nbd_conn_update_io (conn);
+}
+
+void
+nbd_conn_check_parked (struct nbd_conn *conn)
+{
+  int own = OWN_PARKED;
+  char byte;
+  ssize_t r;
+
+  /* Taken as a worker would (no watcher restarted for a look). */
+  if (!atomic_compare_exchange_strong (&conn->owner, &own, OWN_LOOP))
+    return;
+  r = recv (conn->inline_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    atomic_store (&conn->owner, OWN_PARKED);    /* nothing: still idle */
+  else
+    nbd_conn_update_io (conn);  /* EOF, an error or data: wire_io's */
 }
 
 void

@@ -137,8 +137,11 @@ struct nbd_backend {
   struct nbd_conn *conns;
   struct cmd_list waiting;      /* commands waiting for a connection */
   struct nbd_cmd *free_cmds;
-  unsigned outstanding;         /* commands waiting or issued */
+  /* Commands waiting or issued; read by workers (nbd_try_inline). */
+  _Atomic unsigned outstanding;
   ev_timer tick;                /* request deadlines, while outstanding */
+  ev_timer idle_check;          /* parked connections: has the server
+                                 * gone? (nothing watches them) */
   ev_prepare flush;             /* direct connections: send what this
                                  * turn of the loop queued (on_flush) */
   ev_tstamp down_since;         /* no connection up since, or 0 */
@@ -160,6 +163,8 @@ struct nbd_backend {
    * next worker to hand one back queues pump_job (once: pump_queued).
    */
   _Atomic bool want, pump_queued;
+  _Atomic bool park;            /* a request could have gone inline: the
+                                 * loop parks idle direct connections */
   struct ioloop_job pump_job;
   _Atomic uint64_t nr_inline;   /* requests done inline */
 };
@@ -258,6 +263,10 @@ void nbd_conn_settle (struct nbd_conn *conn);
  * it, else when the worker holding it hands it back.
  */
 void nbd_conn_drop_soon (struct nbd_conn *conn, const char *why);
+/* If conn is parked: has its server closed it (or sent anything)?  Then
+ * the loop takes it back, and its watcher sees what came.
+ */
+void nbd_conn_check_parked (struct nbd_conn *conn);
 /* Worker side: take a parked connection of nb (NULL if none), hand it
  * back after a normal exchange, or give it up broken (why; c, if not
  * NULL, to be retried or failed by the loop as a command lost with the

@@ -42,7 +42,9 @@
  *               not lost, has no command in flight and its wire is idle
  *               (nbd_conn_settle), after stopping its watcher, so that
  *               the worker's traffic never wakes the loop.  inline_fd is
- *               set before the store that parks it.
+ *               set before the store that parks it.  Only once a request
+ *               could have gone inline (nb->park): before, parking would
+ *               cost the loop an epoll_ctl per request for nothing.
  *   OWN_WORKER  one worker's, taken by compare-and-swap from PARKED
  *               (nbd_conn_take).  It sends one request with a cookie of
  *               its own, and reads exactly its reply; on success it

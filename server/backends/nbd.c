@@ -406,6 +406,11 @@ pick_conn (struct nbd_backend *nb, const struct nbd_cmd *cmd)
         held = true;
         continue;
       }
+      /* Connection 0 through libnbd only when no direct one is about
+       * to come back: a worker's request there takes one round trip.
+       */
+      if (held && conn->wire == NULL)
+        continue;
       if (conn->inflight.len < SPILL)
         return conn;
       if (best == NULL || conn->inflight.len < best->inflight.len)
@@ -498,6 +503,20 @@ on_tick (struct ev_loop *l, ev_timer *w, int revents)
   nbd_pump (nb);
 }
 
+/* Parked connections are not watched (nbd-wire.c): now and then, look
+ * whether their server closed them or sent something, so that a server
+ * restarted while the backend is idle is reconnected to at once, as
+ * when the loop watched them (a reconnection's checks, its log).
+ */
+static void
+on_idle_check (struct ev_loop *l, ev_timer *w, int revents)
+{
+  struct nbd_backend *nb = w->data;
+
+  for (unsigned i = 0; i < nb->nr_conns; i++)
+    nbd_conn_check_parked (&nb->conns[i]);
+}
+
 /* Adopt the backend in the current loop: its request deadlines, and
  * its connections (nbd_conns_attach).
  */
@@ -509,6 +528,9 @@ attach (struct nbd_backend *nb)
   nb->attached_gen = ioloop_generation ();
   ev_timer_init (&nb->tick, on_tick, period, period);
   nb->tick.data = nb;
+  ev_timer_init (&nb->idle_check, on_idle_check, period, period);
+  nb->idle_check.data = nb;
+  ev_timer_start (ioloop_ev (), &nb->idle_check);
   nbd_conns_attach (nb);
 }
 
@@ -616,10 +638,22 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
    * abandons what the loop holds).
    */
   if (mapper_inline_disabled ||
+      /* The loop has commands: it pipelines them, and a deep queue is
+       * its to serve (requests inline only while it has none).
+       */
+      atomic_load_explicit (&nb->outstanding, memory_order_relaxed) ||
       (c->flags & CLONE_FAILFAST) || len > part_max (nb, c) ||
-      !clone_alone (c) || ioloop_in_loop_thread () ||
-      (conn = nbd_conn_take (nb)) == NULL)
+      !clone_alone (c) || ioloop_in_loop_thread ())
     return false;
+  if ((conn = nbd_conn_take (nb)) == NULL) {
+    /* From now on the loop parks idle connections (nbd_conn_settle):
+     * until a request could go inline, parking would only cost the
+     * loop an epoll_ctl per request.
+     */
+    if (!atomic_load_explicit (&nb->park, memory_order_relaxed))
+      atomic_store (&nb->park, true);
+    return false;
+  }
   part_request (nb, c, 0, &op, &flags, &buf);
   /* A flush covers the writes whose replies came before it is sent. */
   ack_mark = atomic_load (&nb->ack_clock);
@@ -787,7 +821,7 @@ status_run (void *arg)
                  s->len - MIN ((size_t) n, s->len),
                  ", %u requests outstanding, %" PRIu64 " connections lost, %"
                  PRIu64 " retries, %" PRIu64 " timeouts, %" PRIu64 " inline",
-                 nb->outstanding, nb->nr_losses, nb->nr_retries,
+                 (unsigned) nb->outstanding, nb->nr_losses, nb->nr_retries,
                  nb->nr_timeouts, (uint64_t) atomic_load (&nb->nr_inline));
   s->used = n;
 }
@@ -880,6 +914,7 @@ detach_run (void *arg)
   }
   if (attached) {
     ev_timer_stop (ioloop_ev (), &nb->tick);
+    ev_timer_stop (ioloop_ev (), &nb->idle_check);
     ev_prepare_stop (ioloop_ev (), &nb->flush);
   }
   if (nb->probe) {
