@@ -622,6 +622,22 @@ wait_fd (int fd, short events, uint64_t deadline, char *why, size_t whylen)
   }
 }
 
+/* iov[] for what is left of hdr[hlen] then buf[blen] after done bytes;
+ * the number of entries.
+ */
+static size_t
+iov_from (struct iovec *iov, unsigned char *hdr, size_t hlen, char *buf,
+          size_t blen, size_t done)
+{
+  if (done < hlen) {
+    iov[0] = (struct iovec) { hdr + done, hlen - done };
+    iov[1] = (struct iovec) { buf, blen };
+    return blen ? 2 : 1;
+  }
+  iov[0] = (struct iovec) { buf + (done - hlen), blen - (done - hlen) };
+  return 1;
+}
+
 int
 nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
                  uint64_t offset, uint32_t len, double timeout,
@@ -644,16 +660,7 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
    * full.
    */
   while (done < total) {
-    if (done < NBD_REQUEST_SIZE) {
-      iov[0] = (struct iovec) { hdr + done, NBD_REQUEST_SIZE - done };
-      iov[1] = (struct iovec) { buf, plen };
-      msg.msg_iovlen = plen ? 2 : 1;
-    }
-    else {
-      iov[0] = (struct iovec) { buf + (done - NBD_REQUEST_SIZE),
-                                total - done };
-      msg.msg_iovlen = 1;
-    }
+    msg.msg_iovlen = iov_from (iov, hdr, NBD_REQUEST_SIZE, buf, plen, done);
     r = sendmsg (fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r >= 0) {
       done += r;
@@ -678,16 +685,8 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
   while (done < total) {
     if ((w = wait_fd (fd, POLLIN, deadline, why, whylen)) != 0)
       return w;
-    if (done < NBD_REPLY_SIZE) {
-      iov[0] = (struct iovec) { rep + done, NBD_REPLY_SIZE - done };
-      iov[1] = (struct iovec) { buf, dlen };
-      msg.msg_iovlen = dlen ? 2 : 1;
-    }
-    else {
-      iov[0] = (struct iovec) { buf + (done - NBD_REPLY_SIZE),
-                                total - done };
-      msg.msg_iovlen = 1;
-    }
+    msg.msg_iovlen = iov_from (iov, rep, NBD_REPLY_SIZE, buf,
+                               total - NBD_REPLY_SIZE, done);
     r = recvmsg (fd, &msg, MSG_DONTWAIT);
     if (r == -1) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
