@@ -901,9 +901,10 @@ detach_run (void *arg)
     struct nbd_conn *conn = &nb->conns[i];
     int own = atomic_exchange (&conn->owner, OWN_LOOP);
     /* Idle: no worker holds one, no broken_job is queued (it was queued
-     * before its clone completed, so it ran before this).
+     * before its clone completed, so it ran before this).  One given up
+     * while the last loop stopped (its job failed) is closed here.
      */
-    assert (own == OWN_LOOP || own == OWN_PARKED);
+    assert (own != OWN_WORKER && !atomic_load (&conn->broken_queued));
     (void) own;
     if (attached) {
       ev_io_stop (ioloop_ev (), &conn->io);
