@@ -579,22 +579,29 @@ table_parse_file (const char *path, struct table **out,
     return r;
   }
   {
-    FILE *mem = open_memstream (&text, &size);
+    /* The text may hold keys (crypt): read through no buffer that is
+     * freed unwiped (open_memstream's growth, fp's stdio buffer).
+     */
+    struct secret_stream mem;
     char buf[65536];
     size_t n;
 
-    if (mem == NULL) {
+    if (secret_stream_open (&mem) == NULL) {
       fclose (fp);
       mapper_err_set (err, "%s: out of memory", path);
       return -ENOMEM;
     }
+    setvbuf (fp, NULL, _IONBF, 0);
     while ((n = fread (buf, 1, sizeof buf, fp)) > 0)
-      fwrite (buf, 1, n, mem);
+      fwrite (buf, 1, n, mem.fp);
     r = ferror (fp) ? -errno : 0;
+    explicit_bzero (buf, sizeof buf);
     fclose (fp);
-    if (fclose (mem) == EOF && r == 0)
+    if (secret_stream_close (&mem, &text, &size) == -1 && r == 0)
       r = -ENOMEM;
     if (r < 0) {
+      if (text)
+        explicit_bzero (text, size);
       mapper_err_set (err, "%s: read: %s", path, mapper_strerror (-r));
       return r;
     }

@@ -442,4 +442,13 @@ int backend_extents (struct backend *be, uint64_t offset, uint64_t len,
 void extent_backend_failed (struct backend *be, uint64_t offset,
                             uint64_t len, int error);
 
+/* crypt-xts.c: the crypt target's AES-XTS, "VAES" where the CPU runs
+ * crypt-xts-vaes.c (VAES, VPCLMULQDQ, AVX-512F, and the OS saving the
+ * ZMM state), else "OpenSSL".  mapper_crypt_openssl (-D
+ * mapper.crypt_openssl=1) makes transforms keyed from then on use
+ * OpenSSL's even there, so that tests and benchmarks can run both.
+ */
+extern bool mapper_crypt_openssl;
+const char *mapper_crypt_transform (void);
+
 #endif /* NBDMAPPER_TARGET_H */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The engine's small utilities (util.h): threads, clocks, the wait that
- * holds a request, errors, scope-bound cleanup, the vector's growth and
- * strict number parsing.  Nothing here knows a device, a table, a
+ * holds a request, errors, scope-bound cleanup, the vector's growth,
+ * strict number parsing and streams for secrets.  Nothing here knows a device, a table, a
  * target or a backend.
  */
 #include <config.h>
@@ -29,13 +29,20 @@ int
 mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
                       const char *name)
 {
+  return mapper_thread_create_arg (thread, fn, NULL, name);
+}
+
+int
+mapper_thread_create_arg (pthread_t *thread, void *(*fn) (void *),
+                          void *arg, const char *name)
+{
   sigset_t all, old;
   int r;
 
   /* The new thread inherits the mask in force when it is created. */
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
-  r = pthread_create (thread, NULL, fn, NULL);
+  r = pthread_create (thread, NULL, fn, arg);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (r == 0)
     pthread_setname_np (*thread, name);
@@ -198,3 +205,72 @@ parse_error_text (int r)
   return r == -ERANGE ? "overflows 64 bits" : "is not a non-negative integer";
 }
 
+
+/* --- secret_stream ------------------------------------------------------ */
+
+static ssize_t
+secret_stream_write (void *cookie, const char *p, size_t n)
+{
+  struct secret_stream *s = cookie;
+
+  if (n >= SIZE_MAX - 1 - s->len) {
+    errno = ENOMEM;
+    return 0;
+  }
+  if (s->len + n + 1 > s->cap) {
+    size_t cap = MAX (MAX (s->cap * 2, s->len + n + 1), 256);
+    char *b = malloc (cap);
+
+    if (b == NULL)
+      return 0;                 /* fopencookie: an error */
+    if (s->buf) {
+      memcpy (b, s->buf, s->len);
+      explicit_bzero (s->buf, s->cap);
+      free (s->buf);
+    }
+    s->buf = b;
+    s->cap = cap;
+  }
+  memcpy (s->buf + s->len, p, n);
+  s->len += n;
+  s->buf[s->len] = '\0';
+  return n;
+}
+
+FILE *
+secret_stream_open (struct secret_stream *s)
+{
+  static const cookie_io_functions_t io = { .write = secret_stream_write };
+
+  s->buf = NULL;
+  s->len = s->cap = 0;
+  s->fp = fopencookie (s, "w", io);
+  if (s->fp && setvbuf (s->fp, s->io, _IOFBF, sizeof s->io) != 0) {
+    fclose (s->fp);
+    s->fp = NULL;
+  }
+  if (s->fp == NULL)
+    errno = ENOMEM;
+  return s->fp;
+}
+
+int
+secret_stream_close (struct secret_stream *s, char **text, size_t *len)
+{
+  int r = fclose (s->fp) == EOF ? -1 : 0;
+
+  s->fp = NULL;
+  explicit_bzero (s->io, sizeof s->io);
+  if (r == 0 && s->buf == NULL && (s->buf = calloc (1, 1)) == NULL)
+    r = -1;
+  if (r < 0 && s->buf) {
+    explicit_bzero (s->buf, s->cap);
+    free (s->buf);
+    s->buf = NULL;
+  }
+  *text = s->buf;
+  *len = r == 0 ? s->len : 0;
+  s->buf = NULL;
+  s->len = s->cap = 0;
+  return r;
+}

@@ -9,7 +9,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "vector.h"
 
@@ -45,6 +47,9 @@ uint64_t monotonic_ns (void);   /* CLOCK_MONOTONIC, nanoseconds */
 /* A thread that blocks all signals, named NAME; 0 or an errno. */
 int mapper_thread_create (pthread_t *thread, void *(*fn) (void *),
                           const char *name);
+/* The same, fn called with arg. */
+int mapper_thread_create_arg (pthread_t *thread, void *(*fn) (void *),
+                              void *arg, const char *name);
 
 /* util.c: one turn of a wait that holds a client request: wait on cond
  * (lock held, as for pthread_cond_wait) until woken or until deadline
@@ -80,5 +85,28 @@ int parse_sectors (const char *s, uint64_t *bytes);  /* sectors -> bytes */
  * follow the argument in a message.
  */
 const char *parse_error_text (int r);
+
+/* util.c: open_memstream for text that may hold secrets (a table with
+ * crypt keys, a reply to table --showkeys).  open_memstream leaves
+ * copies of what was written in freed memory: each growth reallocs, and
+ * stdio's buffer is freed unwiped.  Here the buffer grows by copying and
+ * wiping the old one, and stdio's buffer is io[], wiped at close.  The
+ * struct may live on the stack; s->fp is the stream to write.
+ */
+#define SECRET_STREAM_IO 4096
+struct secret_stream {
+  FILE *fp;
+  char *buf;                    /* NUL-terminated */
+  size_t len, cap;
+  char io[SECRET_STREAM_IO];
+};
+/* s->fp, or NULL (ENOMEM; nothing to close). */
+FILE *secret_stream_open (struct secret_stream *s);
+/* Close s->fp: 0 and the text in *text (malloc'd, "" if nothing was
+ * written; the caller wipes it before it frees it) and its length in
+ * *len, or -1 (out of memory: what was written is wiped and freed,
+ * *text NULL).
+ */
+int secret_stream_close (struct secret_stream *s, char **text, size_t *len);
 
 #endif /* NBDMAPPER_UTIL_H */

@@ -9,7 +9,9 @@
 #   - plaintext written through the mapper reads back through each;
 #   - plaintext written through each (the luks filter in pieces of many
 #     lengths) reads back through the mapper;
-# for AES-256-XTS (a 512-bit key) and AES-128-XTS (256-bit).
+# for AES-256-XTS (a 512-bit key) and AES-128-XTS (256-bit), by each of
+# the plugin's AES-XTS transforms: VAES where the CPU runs it, and
+# OpenSSL's (-D mapper.crypt_openssl=1), the log saying which ran.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires cryptsetup --version
@@ -23,10 +25,13 @@ mb=8                            # payload, MiB
 pass=$tmpdir/pass
 printf 'test-crypt-luks passphrase' > "$pass"
 
-# check KEYBITS
+# check KEYBITS TRANSFORM: TRANSFORM (VAES or OpenSSL) is the one the
+# mapper must log that it uses.
 check ()
 {
-    local bits=$1 f key given payload sectors
+    local bits=$1 transform=$2 f key given payload sectors
+    local flag=()
+    [ "$transform" = VAES ] || flag=(-D mapper.crypt_openssl=1)
     f=$(mkfile "luks$bits.img" $(( (mb + 2) << 20 )))
     head -c $((bits / 8)) /dev/urandom > "$tmpdir/mk$bits"
     cryptsetup luksFormat --batch-mode --type luks1 \
@@ -50,7 +55,11 @@ check ()
     local l="nbd+unix:///?socket=$tmpdir/lf.sock"
     local q="nbd+unix:///?socket=$tmpdir/qn.sock"
 
-    start_server map mapper "$tmpdir/luks$bits.table"
+    start_server --stderr "$tmpdir/map.log" map -f -v "${flag[@]}" mapper \
+        "$tmpdir/luks$bits.table"
+    grep -q "crypt: AES-XTS by the $transform transform" "$tmpdir/map.log" ||
+        { tail -20 "$tmpdir/map.log"; die "$bits bits: the mapper does not" \
+                                          "say it uses the $transform transform"; }
     start_server lf --filter=luks file "$f" passphrase=+"$pass"
     [ "$(nbdinfo --size "$l")" = $((sectors * 512)) ] ||
         die "$bits bits: the luks filter's size is not $sectors sectors"
@@ -95,9 +104,18 @@ h.flush()
     cmp "$tmpdir/p3" "$tmpdir/got4" ||
         die "$bits bits: written by qemu's luks driver, crypt reads otherwise"
     stop_server map
-    echo "$0: $bits-bit LUKS1 volume: crypt, nbdkit's luks filter and" \
-         "qemu's luks driver agree"
+    echo "$0: $bits-bit LUKS1 volume: crypt ($transform transform)," \
+         "nbdkit's luks filter and qemu's luks driver agree"
 }
 
-check 512
-check 256
+# Where the CPU runs the VAES transform (the plugin says so at start,
+# before any table), both; elsewhere OpenSSL's is all there is.
+transforms=OpenSSL
+mkdir "$tmpdir/none"
+mapper -v -U - tables="$tmpdir/none" --run true 2>&1 |
+    grep -q 'crypt: AES-XTS by the VAES transform' &&
+    transforms="VAES OpenSSL"
+for t in $transforms; do
+    check 512 "$t"
+    check 256 "$t"
+done

@@ -14,7 +14,9 @@
  * over requests of many lengths.  The transform alone (crypt-xts.c, no
  * device, no I/O) against the same reference, in place and not, from
  * every kind of offset, also when every context slot is taken, and its
- * refusals.  That the bytes are what Linux writes is checked against an
+ * refusals, and that it leaves no round key or tweak on the stack or in
+ * the vector registers.  That
+ * the bytes are what Linux writes is checked against an
  * independent implementation in test-crypt.sh.  dm-crypt's messages
  * (key wipe, key set) and the resume they block.
  */
@@ -517,14 +519,16 @@ xts_new (const unsigned char *key, size_t key_len, const char *mode,
   if (xts_init (x, &err) < 0)
     UNIT_FATAL ("xts_init: %s", err.msg);
   /* The path under test is the one chosen. */
-  CHECK_EQ (x->vaes, !xts_openssl_only && xts_vaes_usable ());
+  CHECK_EQ (x->vaes, !mapper_crypt_openssl && xts_vaes_usable ());
   return x;
 }
 
 /* Convert, from target offset toff, nsec sectors of random plaintext
  * out of place and back in place, against OpenSSL's XTS; then the same
  * with every slot of the pool taken (each conversion then keys
- * contexts of its own).
+ * contexts of its own).  The buffers at odd addresses (the transform
+ * may not assume any alignment: a client's buffer is read into as it
+ * is).
  */
 static void
 test_xts_alone_one (const char *mode, size_t key_len, uint64_t ss,
@@ -532,11 +536,13 @@ test_xts_alone_one (const char *mode, size_t key_len, uint64_t ss,
                     size_t nsec, uint64_t seed)
 {
   const size_t size = nsec * ss;
-  unsigned char key[64], *plain = malloc (size), *want = malloc (size);
-  unsigned char *got = malloc (size);
+  unsigned char key[64], *plain_buf = malloc (size + 64);
+  unsigned char *want = malloc (size), *got_buf = malloc (size + 64);
+  unsigned char *plain = plain_buf + 1 + seed % 63;
+  unsigned char *got = got_buf + 1 + (seed + 7) % 63;
   struct crypt_xts *x;
 
-  if (plain == NULL || want == NULL || got == NULL)
+  if (plain_buf == NULL || want == NULL || got_buf == NULL)
     UNIT_FATAL ("out of memory");
   unit_fill (key, key_len, seed, 0);
   unit_fill (plain, size, seed + 1, 0);
@@ -568,9 +574,9 @@ test_xts_alone_one (const char *mode, size_t key_len, uint64_t ss,
   CHECK (unit_is_zero (x->rk, sizeof x->rk));     /* the round keys too */
   CHECK (x->slots[0].ctx[XTS_CTX_ENC] == NULL);
   free (x);
-  free (plain);
+  free (plain_buf);
   free (want);
-  free (got);
+  free (got_buf);
 }
 
 static void
@@ -617,6 +623,212 @@ test_xts_alone (void)
     }
     free (x);
   }
+}
+
+/* The stack a conversion ran on, after it returns: how many 16-byte
+ * aligned blocks of it (STACK_SCAN bytes below the caller's frame, which
+ * covers the frames of xts_convert and what it calls) equal one of pat.
+ * Called from the frame that called xts_convert, it lies where those
+ * frames were; the asm tells the compiler that buf holds something (what
+ * the stack held), so that it neither warns nor assumes it undefined.
+ */
+#define STACK_SCAN 32768
+static __attribute__ ((noinline)) size_t
+stack_leftovers (const unsigned char (*pat)[16], size_t npat)
+{
+  unsigned char buf[STACK_SCAN] __attribute__ ((aligned (64)));
+  size_t found = 0;
+
+  __asm__ volatile ("" : "=m" (buf));
+  for (size_t i = 0; i < sizeof buf; i += 16)
+    for (size_t k = 0; k < npat; k++)
+      found += memcmp (buf + i, pat[k], 16) == 0;
+  return found;
+}
+
+/* The vector registers as a conversion left them: zmm0-31 into out,
+ * 16 blocks of 16 bytes each (where the CPU has AVX-512).  Nothing
+ * between the conversion's return and this call may use them: the
+ * caller calls it first.
+ */
+#if XTS_HAVE_VAES
+#define ZMM_ALL(M)                                                      \
+  M (0) M (1) M (2) M (3) M (4) M (5) M (6) M (7) M (8) M (9) M (10)    \
+  M (11) M (12) M (13) M (14) M (15) M (16) M (17) M (18) M (19)        \
+  M (20) M (21) M (22) M (23) M (24) M (25) M (26) M (27) M (28)        \
+  M (29) M (30) M (31)
+#define ZMM_STORE(n) "vmovdqu64 %%zmm" #n ", " #n "*64(%0)\n\t"
+static __attribute__ ((noinline, target ("avx512f"))) void
+vector_registers (unsigned char (*out)[16])
+{
+  __asm__ volatile (ZMM_ALL (ZMM_STORE) : : "r" (out) : "memory");
+}
+#undef ZMM_STORE
+
+/* Zero zmm0-31 (where the CPU has AVX-512), so that what
+ * registers_leftovers finds afterwards is what the code run in between
+ * left: not the key copies of the test's own set-up (an ASan build's
+ * memcpy, OpenSSL's key schedule).  A function of its own, which holds
+ * nothing in them: the ABI has every vector register call-clobbered.
+ */
+#define ZMM_ZERO(n) "vpxord %%zmm" #n ", %%zmm" #n ", %%zmm" #n "\n\t"
+static __attribute__ ((noinline, target ("avx512f"))) void
+zero_vector_registers_avx512 (void)
+{
+  __asm__ volatile (ZMM_ALL (ZMM_ZERO) ::: "memory");
+}
+#undef ZMM_ZERO
+#undef ZMM_ALL
+#endif
+
+static void
+zero_vector_registers (void)
+{
+#if XTS_HAVE_VAES
+  if (xts_vaes_usable ())
+    zero_vector_registers_avx512 ();
+#endif
+}
+
+/* How many of the n blocks at regs equal one of pat. */
+static size_t
+blocks_found (const unsigned char (*regs)[16], size_t n,
+              const unsigned char (*pat)[16], size_t npat)
+{
+  size_t found = 0;
+
+  for (size_t i = 0; i < n; i++)
+    for (size_t k = 0; k < npat; k++)
+      found += memcmp (regs[i], pat[k], 16) == 0;
+  return found;
+}
+
+/* Blocks of pat in the vector registers, read at once (0 without
+ * AVX-512: the OpenSSL transform's AES-NI registers are its own).
+ */
+static __attribute__ ((noinline)) size_t
+registers_leftovers (const unsigned char (*pat)[16], size_t npat)
+{
+#if XTS_HAVE_VAES
+  unsigned char regs[32 * 4][16];
+  size_t found;
+
+  if (!xts_vaes_usable ())
+    return 0;
+  vector_registers (regs);
+  found = blocks_found ((const unsigned char (*)[16]) regs, 32 * 4, pat,
+                        npat);
+  explicit_bzero (regs, sizeof regs);   /* not for stack_leftovers to see */
+  return found;
+#else
+  (void) pat, (void) npat;
+  return 0;
+#endif
+}
+
+/* T * x in GF(2^128) (P1619): the reference's tweak doubling. */
+static void
+tweak_double (unsigned char t[16])
+{
+  unsigned carry = 0;
+
+  for (int i = 0; i < 16; i++) {
+    unsigned b = t[i];
+
+    t[i] = (unsigned char) (b << 1 | carry);
+    carry = b >> 7;
+  }
+  if (carry)
+    t[0] ^= 0x87;
+}
+
+/* Round keys and tweaks are secrets (the tweaks, E_K2 of the sector
+ * numbers, with the ciphertext give the input of E_K1): after a
+ * conversion none may be left on the stack, in spilled registers or
+ * arrays (crypt-xts-vaes.c's frame is over 3K of them), nor in the
+ * vector registers (a worker's zmm16-31 may keep them for as long as the
+ * thread lives: past a key wipe, and into a core dump).  Every round key
+ * (VAES: the transform's; OpenSSL: its contexts' are not ours to see,
+ * the two key halves stand for them) and every block's tweak of the
+ * sectors converted is looked for.
+ */
+static void
+test_stack_wiped (void)
+{
+  for (size_t key_len = 32; key_len <= 64; key_len += 32)
+    for (uint64_t ss = 512; ss <= 4096; ss *= 8) {
+      const size_t nsec = 6, size = nsec * ss;
+      const size_t ntw = size / 16, npat = ntw + 3 * (XTS_MAX_ROUNDS + 1);
+      unsigned char key[64], (*pat)[16] = calloc (npat, 16);
+      unsigned char *buf = malloc (size);
+      EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new ();
+      struct crypt_xts *x;
+      size_t n = 0, found;
+      int outl;
+
+      if (pat == NULL || buf == NULL || ctx == NULL)
+        UNIT_FATAL ("out of memory");
+      unit_fill (key, key_len, 77 + key_len + ss, 0);
+      unit_fill (buf, size, 78, 0);
+      x = xts_new (key, key_len, "plain64", 0, ss, false);
+      /* The tweaks, from the reference's IVs through E_K2. */
+      if (EVP_EncryptInit_ex (ctx, key_len == 32 ? EVP_aes_128_ecb ()
+                              : EVP_aes_256_ecb (), NULL, key + key_len / 2,
+                              NULL) != 1)
+        UNIT_FATAL ("OpenSSL AES-ECB failed");
+      EVP_CIPHER_CTX_set_padding (ctx, 0);
+      for (size_t s = 0; s < nsec; s++) {
+        unsigned char t[16];
+
+        xts_ref_iv ("plain64", 0, ss, false, s * ss, t);
+        if (EVP_EncryptUpdate (ctx, t, &outl, t, 16) != 1 || outl != 16)
+          UNIT_FATAL ("OpenSSL AES-ECB failed");
+        for (size_t j = 0; j < ss / 16; j++, tweak_double (t))
+          memcpy (pat[n++], t, 16);
+      }
+      EVP_CIPHER_CTX_free (ctx);
+      if (x->vaes)
+        for (size_t k = 0; k < 3; k++)
+          for (unsigned r = 0; r <= x->rounds; r++)
+            memcpy (pat[n++], x->rk[k][r], 16);
+      else {
+        memcpy (pat[n++], key, 16);
+        memcpy (pat[n++], key + key_len / 2, 16);
+      }
+
+      /* The key schedule (xts_init) too: the same keys again. */
+      if (x->vaes) {
+        struct mapper_err err = { "" };
+
+        xts_destroy (x);
+        memcpy (x->key, key, key_len);
+        zero_vector_registers ();
+        CHECK (xts_init (x, &err) == 0);
+        found = registers_leftovers ((const unsigned char (*)[16]) pat, n);
+        CHECKF (found == 0, "VAES transform, %zu-bit key: %zu round keys "
+                "left in vector registers by xts_init", key_len * 8, found);
+      }
+      for (int enc = 1; enc >= 0; enc--) {
+        const char *how = enc ? "encrypting" : "decrypting";
+        size_t in_regs, on_stack;
+
+        zero_vector_registers ();
+        CHECK (xts_convert (x, enc, 0, (char *) buf, (char *) buf,
+                            size) == 0);
+        /* Registers first: stack_leftovers' memcmp may use them. */
+        in_regs = registers_leftovers ((const unsigned char (*)[16]) pat, n);
+        on_stack = stack_leftovers ((const unsigned char (*)[16]) pat, n);
+        CHECKF (in_regs == 0 && on_stack == 0, "%s transform, %zu-bit key, "
+                "sector_size %" PRIu64 ": blocks of round keys or tweaks "
+                "left after %s: %zu in vector registers, %zu on the stack",
+                x->vaes ? "VAES" : "OpenSSL", key_len * 8, ss, how, in_regs,
+                on_stack);
+      }
+      xts_destroy (x);
+      free (x);
+      free (pat);
+      free (buf);
+    }
 }
 
 /* Zero writes encrypted zeros; fast zero is refused; trim passes only
@@ -818,7 +1030,7 @@ test_bounce (void)
 
 /* dm-crypt's messages: "key wipe" and "key set <key>" only while
  * suspended; after a wipe the key is zeros in memory and resume is
- * refused (EAGAIN) until a key is set; every refused key set leaves the
+ * refused (ENXIO, the wrong state) until a key is set; every refused key set leaves the
  * key as it was; the same key reads back what was written before the
  * wipe, another does not; the key's text is overwritten in argv.
  */
@@ -865,7 +1077,7 @@ test_messages (void)
   CHECK (device_suspend (dev, false) == 0);
   CHECK (unit_message (dev, 0, "key wipe", msg, sizeof msg) == 0);
   CHECK (strstr (unit_table_text (dev), zeros) != NULL);
-  CHECK (device_resume (dev, &err) == -EAGAIN);
+  CHECK (device_resume (dev, &err) == -ENXIO);
   CHECKF (strstr (err.msg, "device 'c") && strstr (err.msg, "crypt target "
           "at sector 0: its key was wiped ('key wipe')"), "%s", err.msg);
   device_get_info (dev, &info);
@@ -875,7 +1087,7 @@ test_messages (void)
     CHECKF (r == -EINVAL || r == -ENOTSUP, "%s: %d", bad[i][0], r);
     CHECKF (strstr (msg, bad[i][1]) != NULL, "'%s': '%s'", bad[i][0], msg);
     CHECK (strstr (unit_table_text (dev), zeros) != NULL);
-    CHECK (device_resume (dev, &err) == -EAGAIN);
+    CHECK (device_resume (dev, &err) == -ENXIO);
   }
   {
     char *words = unit_sprintf ("key set x%s", KEY512 + 1);
@@ -944,11 +1156,12 @@ main (void)
    * which is all there is elsewhere.
    */
   for (int openssl = !xts_vaes_usable (); openssl <= 1; openssl++) {
-    xts_openssl_only = openssl;
+    mapper_crypt_openssl = openssl;
     printf ("test-unit-crypt: the %s transform\n",
             openssl ? "OpenSSL" : "VAES");
     test_openssl_xts ();
     test_xts_alone ();
+    test_stack_wiped ();
     test_zero_trim ("", 512);
     test_zero_trim ("1 allow_discards", 512);
     test_zero_trim ("2 allow_discards sector_size:4096", 4096);

@@ -389,6 +389,46 @@ test_err_prefix (void)
   mapper_err_prefix (NULL, "nothing to prefix");
 }
 
+/* secret_stream: what was written, in order, whatever the sizes (within
+ * and beyond its stdio buffer, many growths); "" when nothing was; its
+ * stdio buffer wiped at close.  (That no freed block keeps a copy is
+ * test-nbdmsetup-persist-faults.sh's, which can watch free.)
+ */
+static void
+test_secret_stream (void)
+{
+  struct secret_stream s;
+  char *text, *want = malloc (200000), piece[5000];
+  size_t len, wlen = 0;
+
+  if (want == NULL)
+    UNIT_FATAL ("out of memory");
+  CHECK (secret_stream_open (&s) != NULL);
+  CHECK_EQ (secret_stream_close (&s, &text, &len), 0);
+  CHECK (text && *text == '\0' && len == 0);
+  free (text);
+
+  CHECK (secret_stream_open (&s) != NULL);
+  for (size_t i = 0, n; wlen < 190000; i++, wlen += n) {
+    n = (i * 797) % sizeof piece;
+    for (size_t j = 0; j < n; j++)
+      piece[j] = 'a' + (i + j) % 26;
+    if (i % 3)
+      fwrite (piece, 1, n, s.fp);
+    else
+      fprintf (s.fp, "%.*s", (int) n, piece);
+    memcpy (want + wlen, piece, n);
+  }
+  want[wlen] = '\0';
+  CHECK_EQ (secret_stream_close (&s, &text, &len), 0);
+  CHECK_EQ (len, wlen);
+  CHECK (text && strcmp (text, want) == 0);
+  for (size_t i = 0; i < sizeof s.io; i++)
+    CHECK_EQ (s.io[i], 0);
+  free (text);
+  free (want);
+}
+
 int
 main (void)
 {
@@ -402,5 +442,6 @@ main (void)
   test_read_sectors ();
   test_read_group ();
   test_err_prefix ();
+  test_secret_stream ();
   UNIT_EXIT ();
 }

@@ -12,7 +12,10 @@
  *   on a block that still holds TEXT (a crypt key in hex) write
  *   "persist-shim: freed SECRET" and the caller to SHIM_LOG: memory
  *   that held a key must be wiped before it goes back to the allocator.
- *   Frees by nbdkit, libc or OpenSSL are not the plugin's to wipe and
+ *   With SHIM_SECRET_LIBC=1, libc's own frees too: its streams and
+ *   asprintf grow by realloc and free, so a key written through
+ *   open_memstream or asprintf leaves copies that are the plugin's
+ *   doing.  Frees by nbdkit or OpenSSL are not the plugin's to wipe and
  *   are not looked at.
  *
  * It replaces free, so it cannot run beside the ASan runtime: the test
@@ -60,7 +63,8 @@ holds_secret (void *p, const void *caller, Dl_info *info)
   return p && secret && *secret && getenv ("SHIM_LOG") &&
     memmem (p, malloc_usable_size (p), secret, strlen (secret)) &&
     dladdr (caller, info) && info->dli_fname &&
-    strstr (info->dli_fname, "nbdkit-mapper-plugin");
+    (strstr (info->dli_fname, "nbdkit-mapper-plugin") ||
+     (getenv ("SHIM_SECRET_LIBC") && strstr (info->dli_fname, "libc.so")));
 }
 
 static void

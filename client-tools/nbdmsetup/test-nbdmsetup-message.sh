@@ -102,6 +102,19 @@ refused "resume: device 'c1': crypt target at sector 0: its key was wiped.*key s
     c1 ms resume c1
 refused 'key was wiped' c1 ms resume c1
 [ "$(state c1)" = SUSPENDED ] || die "c1 not suspended after refused resume"
+# The device's state is what is wrong, not an argument: status 13 (wrong
+# device state), as for a resume with nothing to resume; not 1 (invalid
+# argument), which dm's EAGAIN came through as.
+out=$(PYTHONPATH="$top_srcdir/client-tools/nbdmsetup:$PYTHONPATH" \
+      python3 - "$NBDMSETUP_URI" <<'PY'
+import sys
+from ctlproto import Conn
+s, text = Conn(sys.argv[1]).call("resume", "c1", seq=1)
+print(s, text.decode().strip())
+PY
+)
+[[ $out == "13 "*"key was wiped"* ]] ||
+    die "resume after key wipe: status and message '$out', not 13 (wrong state)"
 # Every bad form: exit 1, one line naming why, nothing changed.
 refused 'wrong size' c1 ms message c1 0 key set "${k2:0:64}"
 refused 'wrong size' c1 ms message c1 0 key set "${k2}00"

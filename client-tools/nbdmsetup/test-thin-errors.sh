@@ -76,6 +76,20 @@ fails "data device $data is already the data device of the pool on metadata devi
 [ "$(ms table pool3)" = "$before3" ] || die "pool3 changed: $(ms table pool3)"
 ms info pool3 | grep -q '^Tables present: *LIVE$' ||
     die "a table was loaded: $(ms info pool3)"
+# Nor a new pool on the data device of another pool's inactive table:
+# that pool's resume binds it there (either order, two pools on one
+# data device).
+data4=$(mkfile data4.img 16M)
+md4=$(mkfile md4.img 4M)
+ms reload pool3 --table "0 32768 thin-pool $md3 $data4 128 10"
+fails "data device $data4 is already the data device of the pool on metadata device $md3" \
+    ms create pool4 --table "0 32768 thin-pool $md4 $data4 128 10"
+ms info pool4 >/dev/null 2>&1 && die "pool4 was made"
+ms clear pool3
+ms create pool4 --table "0 32768 thin-pool $md4 $data4 128 10"
+fails "data device $data4 is already the data device of the pool on metadata device $md4" \
+    ms reload pool3 --table "0 32768 thin-pool $md3 $data4 128 10"
+ms remove pool4
 ms remove pool3
 # A reload of the pool may not shrink it.
 data_s=$(mkfile data-small.img 8M)

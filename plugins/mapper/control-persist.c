@@ -20,6 +20,7 @@
 #include <nbdkit-plugin.h>
 
 #include "engine.h"
+#include "util.h"
 #include "control-internal.h"
 
 /* Read-only after config_complete.  NULL: no persistence. */
@@ -181,13 +182,23 @@ control_restore (struct device *dev, const char *path, bool *read_only)
 {
   struct mapper_err err = { "" };
   FILE *fp = fopen (path, "r");
-  char *line = NULL;
-  size_t cap = 0;
+  /* The file holds crypt keys: stdio's buffer is ours, wiped, and line
+   * big enough that getline does not grow it (each growth frees a copy)
+   * for any line but one longer than a path and a key.
+   */
+  char io[4096];
+  size_t cap = 8192;
+  char *line = malloc (cap);
   ssize_t n;
   int r = 0;
 
-  if (fp == NULL)
+  if (fp == NULL || line == NULL) {
+    free (line);
+    if (fp)
+      fclose (fp);
     return 0;                   /* table_parse_file reports it */
+  }
+  setvbuf (fp, io, _IOFBF, sizeof io);
   while (r == 0 && (n = getline (&line, &cap, fp)) > 0) {
     if (line[n - 1] == '\n')
       line[--n] = '\0';
@@ -209,6 +220,7 @@ control_restore (struct device *dev, const char *path, bool *read_only)
     explicit_bzero (line, cap);
   free (line);
   fclose (fp);
+  explicit_bzero (io, sizeof io);
   return r;
 }
 
@@ -225,16 +237,29 @@ persist_write (const char *name, const char *uuid, bool read_only,
 
   if (tables_dir == NULL)
     return 0;
-  if (asprintf (&all, "%s%s%s%s%s%s", uuid ? UUID_TAG : "",
-                uuid ? uuid : "", uuid ? "\n" : "",
-                read_only && *text ? READ_ONLY_TAG "\n" : "",
-                *text ? "" : NO_TABLE_TAG "\n", text) == -1) {
-    all = NULL;
-    r = -ENOMEM;
-    goto out;
+  /* Built in a buffer of the right size: asprintf's growth would leave
+   * copies of a crypt key in freed memory.
+   */
+  {
+    const char *parts[] = {
+      uuid ? UUID_TAG : "", uuid ? uuid : "", uuid ? "\n" : "",
+      read_only && *text ? READ_ONLY_TAG "\n" : "",
+      *text ? "" : NO_TABLE_TAG "\n", text,
+    };
+    char *p;
+
+    len = 0;
+    for (size_t i = 0; i < ARRAY_SIZE (parts); i++)
+      len += strlen (parts[i]);
+    if ((all = malloc (len + 1)) == NULL) {
+      r = -ENOMEM;
+      goto out;
+    }
+    p = all;
+    for (size_t i = 0; i < ARRAY_SIZE (parts); i++)
+      p = stpcpy (p, parts[i]);
   }
   text = all;
-  len = strlen (text);
   if ((tmp = tmp_path (name)) == NULL || (path = table_path (name)) == NULL) {
     r = -ENOMEM;
     goto out;

@@ -25,6 +25,7 @@
 #include <nbdkit-plugin.h>
 
 #include "engine.h"
+#include "util.h"
 #include "control-internal.h"
 
 #define MIN_SIZE(a, b) ((a) < (b) ? (a) : (b))
@@ -106,14 +107,16 @@ execute (struct control_conn *c)
 {
   struct proto_request req = { 0 };
   struct reply rp = { PROTO_OK };
+  struct secret_stream out;     /* a reply may hold keys (--showkeys) */
   char errmsg[256];
   uint8_t *msg;
   size_t msglen;
   int st;
 
-  rp.out = open_memstream (&rp.text, &rp.len);
+  rp.out = secret_stream_open (&out);
   if (rp.out == NULL) {
-    nbdkit_error ("control: open_memstream: %s", mapper_strerror (errno));
+    nbdkit_error ("control: secret_stream_open: %s",
+                  mapper_strerror (errno));
     return;
   }
   if (c->denied) {
@@ -147,7 +150,11 @@ execute (struct control_conn *c)
   control_run (&rp, &req);
 
  respond:
-  fclose (rp.out);
+  if (secret_stream_close (&out, &rp.text, &rp.len) == -1) {
+    rp.text = strdup ("out of memory building the response");
+    rp.len = rp.text ? strlen (rp.text) : 0;
+    rp.status = PROTO_ERR_NOMEM;
+  }
   if (rp.len > PROTO_MAX_MSG - PROTO_RSP_HDR) {
     free_secret_n (rp.text, rp.len);
     rp.text = strdup ("response is larger than the 16 MiB maximum");
@@ -163,8 +170,8 @@ execute (struct control_conn *c)
     c->rsp = msg;
     c->rsp_len = msglen;
   }
-  /* A reply may hold keys too (table --showkeys).  (open_memstream's own
-   * growth leaves copies this cannot reach.)
+  /* A reply may hold keys too (table --showkeys); secret_stream left no
+   * other copy.
    */
   free_secret_n (rp.text, rp.len);
   /* Requests may carry crypt keys (a table, "key set"): wiped, not just

@@ -20,6 +20,7 @@
 #include <nbdkit-plugin.h>
 
 #include "engine.h"
+#include "target.h"
 #include "control.h"
 #include "clients.h"
 
@@ -38,6 +39,10 @@ NBDKIT_DLL_PUBLIC int mapper_debug_inline_off = 0;
  * bench/bench-stats, never for production.
  */
 NBDKIT_DLL_PUBLIC int mapper_debug_stats_off = 0;
+/* -D mapper.crypt_openssl=1: the crypt target's AES-XTS through OpenSSL
+ * even where the VAES transform runs: for tests and bench/bench-crypt.
+ */
+NBDKIT_DLL_PUBLIC int mapper_debug_crypt_openssl = 0;
 
 /* The first table file's device: the default export. */
 static char *default_name;
@@ -286,6 +291,9 @@ mapper_config_complete (void)
   mapper_flush_per_target = mapper_debug_flush_per_target != 0;
   mapper_stats_disabled = mapper_debug_stats_off != 0;
   mapper_inline_disabled = mapper_debug_inline_off != 0;
+  mapper_crypt_openssl = mapper_debug_crypt_openssl != 0;
+  nbdkit_debug ("crypt: AES-XTS by the %s transform",
+                mapper_crypt_transform ());
 
   if (nr_table_files == 0 && !have_tables_dir) {
     nbdkit_error ("no tables: use table=FILE (repeatable) or tables=DIR "

@@ -18,7 +18,13 @@
  *
  * Keys: the round keys live in the transform (wiped by xts_destroy) and,
  * broadcast, in a stack array of each conversion, wiped when it ends, as
- * are the tweaks.
+ * are the tweaks.  Those arrays are not all: 47 live zmm values do not
+ * fit in 32 registers, and the compiler spills tweaks (and could spill
+ * round keys) to slots of its own that C cannot name; so once a
+ * conversion returns, the stack it ran on is overwritten
+ * (xts_stack_wipe); and before it returns, every vector register is
+ * zeroed (xts_clear_vectors), as after the key schedule.
+ * test-unit-crypt looks for leftovers in both.
  */
 #include <config.h>
 
@@ -40,6 +46,43 @@
   __attribute__ ((target ("aes,avx512f,vaes,vpclmulqdq")))
 #define XTS_CHUNK 512           /* bytes per group of 8 registers */
 
+/* Zero every vector register: the round keys and tweaks a function
+ * leaves in them would stay there (zmm16-31 are seldom used by other
+ * code) for as long as the thread lives, past a key wipe, and be saved
+ * to the stack by the next lazily bound call (the dynamic linker's
+ * resolver saves the whole vector state), where no wipe reaches.  Before
+ * any call through the PLT, then (this one is direct, and its callers
+ * hold nothing in vector registers across it: the ABI has them all
+ * call-clobbered).  VZEROALL clears zmm0-15 whole; zmm16-31 one by one.
+ */
+#define XTS_Z(n) "vpxord %%zmm" #n ", %%zmm" #n ", %%zmm" #n "\n\t"
+__attribute__ ((target ("avx512f"), noinline)) static void
+xts_clear_vectors (void)
+{
+  __asm__ volatile ("vzeroall\n\t"
+                    XTS_Z (16) XTS_Z (17) XTS_Z (18) XTS_Z (19)
+                    XTS_Z (20) XTS_Z (21) XTS_Z (22) XTS_Z (23)
+                    XTS_Z (24) XTS_Z (25) XTS_Z (26) XTS_Z (27)
+                    XTS_Z (28) XTS_Z (29) XTS_Z (30) XTS_Z (31)
+                    ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5",
+                    "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+                    "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17",
+                    "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23",
+                    "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29",
+                    "xmm30", "xmm31");
+}
+#undef XTS_Z
+
+/* The CPU's features, and the OS's: GCC's and clang's runtimes report
+ * AVX-512F only if OSXSAVE is set and XGETBV says the OS saves the SSE,
+ * AVX, opmask and ZMM state (libgcc's get_available_features tests
+ * (XCR0 & 0xe6) == 0xe6; compiler-rt's the same bits), so that asking
+ * for avx512f is the XCR0 check too.  The instructions used (512-bit
+ * forms only, EVEX on zmm) need no AVX512VL or BW.  The functions below are
+ * the only ones compiled for these features (target attributes, no
+ * -m flag for the file); xts_iv, inlined into them, is also compiled
+ * plainly for its other callers.
+ */
 bool
 xts_vaes_usable (void)
 {
@@ -133,6 +176,7 @@ xts_vaes_keys (struct crypt_xts *x)
   else
     xts_expand_256 (x->key + half, rk);
   memcpy (x->rk[XTS_RK_TWEAK], rk, sizeof rk);
+  xts_clear_vectors ();
   OPENSSL_cleanse (rk, sizeof rk);
   OPENSSL_cleanse (dk, sizeof dk);
 }
@@ -260,7 +304,8 @@ xts_vaes_run (const struct crypt_xts *x, bool enc, unsigned rounds,
       }
     }
   }
-  /* Round keys and tweaks: not left on the stack. */
+  /* Round keys and tweaks: not left in registers, nor on the stack. */
+  xts_clear_vectors ();
   OPENSSL_cleanse (k, sizeof k);
   OPENSSL_cleanse (kt, sizeof kt);
   OPENSSL_cleanse (t0, sizeof t0);
@@ -282,6 +327,21 @@ XTS_VAES_VARIANT (xts_vaes_enc14, true, 14)
 XTS_VAES_VARIANT (xts_vaes_dec14, false, 14)
 #undef XTS_VAES_VARIANT
 
+/* Overwrite the stack below the caller's frame, where the function it
+ * called last ran: the xts_vaes_* frames (about 3K with GCC 12; twice as
+ * much wiped, for other compilers and the sanitizers' redzones).  Not
+ * inlined, so that buf is a frame of its own at the depth of the one
+ * before.
+ */
+#define XTS_STACK_WIPE 8192
+static __attribute__ ((noinline)) void
+xts_stack_wipe (void)
+{
+  unsigned char buf[XTS_STACK_WIPE];
+
+  OPENSSL_cleanse (buf, sizeof buf);
+}
+
 void
 xts_vaes_convert (const struct crypt_xts *x, bool enc, uint64_t toff,
                   const char *in, char *out, uint64_t len)
@@ -293,6 +353,7 @@ xts_vaes_convert (const struct crypt_xts *x, bool enc, uint64_t toff,
     (enc ? xts_vaes_enc10 : xts_vaes_dec10) (x, toff, i, o, len);
   else
     (enc ? xts_vaes_enc14 : xts_vaes_dec14) (x, toff, i, o, len);
+  xts_stack_wipe ();            /* the spilled tweaks */
 }
 
 #else /* !XTS_HAVE_VAES */

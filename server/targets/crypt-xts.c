@@ -27,7 +27,13 @@
 #define XTS_BATCH_MAX_SECTOR 1024    /* larger sectors: OpenSSL's XTS */
 #define XTS_BLOCK 16
 
-bool xts_openssl_only;
+bool mapper_crypt_openssl;
+
+const char *
+mapper_crypt_transform (void)
+{
+  return !mapper_crypt_openssl && xts_vaes_usable () ? "VAES" : "OpenSSL";
+}
 
 /* Each thread's first choice of slot (0: not chosen yet). */
 static _Atomic unsigned xts_next_hint;
@@ -114,7 +120,7 @@ xts_init (struct crypt_xts *x, struct mapper_err *err)
   if ((r = xts_check_key (x, err)) < 0)
     return r;
   x->sector_shift = __builtin_ctz (x->sector_size) - MAPPER_SECTOR_SHIFT;
-  if (!xts_openssl_only && xts_vaes_usable ()) {
+  if (!mapper_crypt_openssl && xts_vaes_usable ()) {
     x->vaes = true;
     xts_vaes_keys (x);
     return 0;
@@ -329,6 +335,28 @@ xts_sectors (const struct crypt_xts *x, EVP_CIPHER_CTX *ctx, int enc,
   return 0;
 }
 
+/* The tweaks xts_tweak_xor leaves in xmm registers (the last of each
+ * lane), cleared before any call could save them (a lazily bound call's
+ * resolver saves the vector state on the stack) and so that a thread
+ * does not keep them past a key wipe.  x86-64: the 16 SSE registers,
+ * all that code built for the baseline uses.
+ */
+static inline void
+xts_clear_xmm (void)
+{
+#ifdef __x86_64__
+#define XTS_X(n) "pxor %%xmm" #n ", %%xmm" #n "\n\t"
+  __asm__ volatile (XTS_X (0) XTS_X (1) XTS_X (2) XTS_X (3) XTS_X (4)
+                    XTS_X (5) XTS_X (6) XTS_X (7) XTS_X (8) XTS_X (9)
+                    XTS_X (10) XTS_X (11) XTS_X (12) XTS_X (13) XTS_X (14)
+                    XTS_X (15)
+                    ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5",
+                    "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+                    "xmm12", "xmm13", "xmm14", "xmm15", "memory");
+#undef XTS_X
+#endif
+}
+
 /* XTS from ECB, XTS_BATCH bytes at a time (data: AES-ECB with K1 for
  * the direction wanted; tweak: AES-ECB encrypting with K2).
  */
@@ -370,6 +398,7 @@ xts_batched (const struct crypt_xts *x, EVP_CIPHER_CTX *data,
     xts_xor (dst, tw, n);
   }
   /* The tweaks come from K2: don't leave them lying around. */
+  xts_clear_xmm ();
   OPENSSL_cleanse (tw, tw_len);
   OPENSSL_cleanse (t0, sizeof t0);
   bounce_put ((char *) tw);

@@ -87,9 +87,6 @@ void xts_destroy (struct crypt_xts *x);
 int xts_convert (struct crypt_xts *x, bool enc, uint64_t off,
                  const char *in, char *out, uint64_t len);
 
-/* Tests: true makes xts_init choose OpenSSL even where VAES runs. */
-extern bool xts_openssl_only;
-
 /* The IV of the sector at target offset toff (bytes). */
 static inline void
 xts_iv (const struct crypt_xts *x, uint64_t toff, unsigned char *iv)

@@ -393,7 +393,14 @@ crypt_resume (struct target *ti)
   cc->suspended = false;
 }
 
-/* dm's crypt_preresume: no I/O without a key. */
+/* dm's crypt_preresume: no I/O without a key.  dm answers -EAGAIN
+ * ("aborting resume - crypt key is not set"), the ioctl's way of saying
+ * "not now"; here the device's state is what is wrong, and the engine's
+ * errno for that is ENXIO (the control protocol's "wrong device state",
+ * as for a resume with nothing to resume), where EAGAIN would reach a
+ * client as "invalid argument".  As in dm, the device stays suspended
+ * and a key set followed by a resume goes on.
+ */
 static int
 crypt_preresume (struct target *ti, struct mapper_err *err)
 {
@@ -402,7 +409,7 @@ crypt_preresume (struct target *ti, struct mapper_err *err)
   if (cc->key_wiped) {
     mapper_err_set (err, "its key was wiped ('key wipe'): resume refused "
                     "until a message 'key set <key>' gives one");
-    return -EAGAIN;
+    return -ENXIO;
   }
   return 0;
 }

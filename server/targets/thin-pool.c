@@ -12,10 +12,12 @@
  * The metadata (server/pdata/thin-metadata.h, Linux's on-disk format) is
  * committed (the data device flushed first, then the metadata) when a
  * client flush or FUA write reaches the pool or one of its thin devices,
- * after each message, and at least every second otherwise by one
- * engine-wide commit thread (the type's start/stop).  A commit that
- * fails switches the pool read-only with needs_check set, and every
- * later flush fails: the writes since the last commit are gone.
+ * after each message, and at least every second otherwise by the
+ * pool's own commit thread (from the type's start to its stop: one per
+ * pool, so that a commit waiting for its pool holds up no other's).  A
+ * commit that fails switches the pool read-only with needs_check set,
+ * and every later flush fails: the writes since the last commit are
+ * gone.
  */
 #include <config.h>
 
@@ -40,6 +42,7 @@
 
 /* One thin-pool target (dm's pool_c): its table's arguments. */
 struct pool_c {
+  struct pool_c *next;          /* pool_cs, under pools_lock */
   struct pool *pool;
   struct backend *md_be, *data_be;
   uint32_t block_sectors;
@@ -49,11 +52,15 @@ struct pool_c {
 };
 
 /* Every pool object; each one's refs.  A leaf lock: taken under a pool
- * device's lock (target_find_peer) and nothing is taken under it but a
- * pool's lock.
+ * device's lock (target_find_peer) and under commit_rw (pool_resume),
+ * and nothing is taken under it but a pool's lock.
  */
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct pool *pools;
+/* Every thin-pool target bound to a pool object (live, inactive, being
+ * replaced), under pools_lock: the data devices their resume may bind.
+ */
+static struct pool_c *pool_cs;
 
 /* --- events ------------------------------------------------------------- */
 
@@ -191,6 +198,7 @@ wait_slot (struct pool *p, unsigned s, bool wait)
 static int
 pool_drain (struct pool *p, bool wait)
 {
+  uint64_t seq;
   int r = 0, s;
 
   if (wait)
@@ -199,15 +207,24 @@ pool_drain (struct pool *p, bool wait)
     return -EAGAIN;
   /* A drain given up: its slot first (no new I/O counts there). */
   s = atomic_load (&p->drain_slot);
-  if (s >= 0 && (r = wait_slot (p, s, wait)) < 0)
-    goto out;
-  atomic_store (&p->drain_slot, -1);
-  if (atomic_exchange (&p->released, false)) {
+  if (s >= 0) {
+    if ((r = wait_slot (p, s, wait)) < 0)
+      goto out;
+    atomic_store (&p->drain_slot, -1);
+    atomic_store (&p->drained_seq, p->pending_seq);
+  }
+  /* The releases so far, read before the epoch moves on: every clone
+   * that may have seen one of them counts in the old slot.
+   */
+  seq = atomic_load (&p->release_seq);
+  if (seq != atomic_load (&p->drained_seq)) {
     s = atomic_fetch_add (&p->io_epoch, 1) & 1;
+    p->pending_seq = seq;
     atomic_store (&p->drain_slot, s);
     if ((r = wait_slot (p, s, wait)) < 0)
       goto out;
     atomic_store (&p->drain_slot, -1);
+    atomic_store (&p->drained_seq, seq);
   }
  out:
   pthread_mutex_unlock (&p->drain_lock);
@@ -244,7 +261,7 @@ commit_locked (struct pool *p)
 
 /* How a commit may wait for the fast path to drain (pool_drain). */
 enum commit_wait {
-  COMMIT_TRY,                   /* not at all (postsuspend) */
+  COMMIT_TRY,                   /* not at all (postsuspend, messages) */
   COMMIT_WAIT,                  /* unless the pool device is suspending */
 };
 
@@ -266,12 +283,12 @@ pool_commit_how (struct pool *p, enum commit_wait how)
     }
     else
       pthread_rwlock_wrlock (&p->commit_rw);
-    /* Nothing to commit (or failed: commit_locked says so), or no
-     * release undrained: releases hold commit_rw shared, so none comes
+    /* Nothing to commit (or failed: commit_locked says so), or every
+     * release drained: releases hold commit_rw shared, so none comes
      * before the commit.
      */
     if (atomic_load (&p->commit_failed) || !thin_md_changed (p->md) ||
-        (!atomic_load (&p->released) && atomic_load (&p->drain_slot) < 0))
+        atomic_load (&p->release_seq) == atomic_load (&p->drained_seq))
       break;
     pthread_rwlock_unlock (&p->commit_rw);
   }
@@ -296,39 +313,126 @@ pool_commit (struct pool *p)
   }
 }
 
-/* The commit thread: every pool with changes, once a second. */
-static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t worker_cond;     /* CLOCK_MONOTONIC: worker_once */
-static pthread_once_t worker_once = PTHREAD_ONCE_INIT;
-static bool worker_running, worker_stop;
-static pthread_t worker_thread;
-
-/* Once per process: a start after a stop must not initialise the
- * condition again (a waiter of the old thread may still be leaving it).
+/* The commit threads, one per pool, once a second (dm's do_waker and
+ * per-pool worker).  They run between the type's start and stop.
  */
-static void
-worker_cond_init (void)
-{
-  pthread_condattr_t attr;
+static bool engine_up;          /* under pools_lock */
 
-  pthread_condattr_init (&attr);
-  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
-  pthread_cond_init (&worker_cond, &attr);
-  pthread_condattr_destroy (&attr);
+static void *
+pool_committer (void *arg)
+{
+  struct pool *p = arg;
+
+  pthread_mutex_lock (&p->lock);
+  while (!p->committer_stop) {
+    struct timespec ts;
+
+    clock_gettime (CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += COMMIT_PERIOD_NS / 1000000000ULL;
+    pthread_cond_timedwait (&p->commit_cond, &p->lock, &ts);
+    if (p->committer_stop)
+      break;
+    pthread_mutex_unlock (&p->lock);
+    /* Not while the pool device is suspending: its commit waits for the
+     * resume (or its postsuspend did it).
+     */
+    if (!atomic_load (&p->commit_failed) && thin_md_changed (p->md))
+      pool_commit_how (p, COMMIT_WAIT);
+    pthread_mutex_lock (&p->lock);
+  }
+  pthread_mutex_unlock (&p->lock);
+  return NULL;
 }
 
-/* Commit every pool with uncommitted changes: one at a time, holding a
- * reference, never pools_lock, while it commits.
+/* Start p's commit thread if the engine is up (pools_lock held): 0 or
+ * an errno.
+ */
+static int
+committer_start_locked (struct pool *p)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&p->lock);
+  int e;
+
+  if (!engine_up || p->committer_running)
+    return 0;
+  e = mapper_thread_create_arg (&p->committer, pool_committer, p,
+                                "mapper-thin");
+  if (e == 0)
+    p->committer_running = true;
+  return e;
+}
+
+static int
+committer_start (struct pool *p, struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&pools_lock);
+  int e = committer_start_locked (p);
+
+  if (e != 0)
+    mapper_err_set (err, "cannot start the commit thread of the pool on "
+                    "%s: %s", backend_name (p->md_be), mapper_strerror (e));
+  return -e;
+}
+
+/* Stop p's commit thread and wait for it (holding no lock: its commit
+ * may send an event, which takes the pool device's lock).
  */
 static void
-commit_changed_pools (void)
+committer_stop (struct pool *p)
 {
+  pthread_t t;
+  bool join;
+
+  pthread_mutex_lock (&p->lock);
+  join = p->committer_running;
+  t = p->committer;
+  p->committer_running = false;
+  p->committer_stop = true;
+  pthread_cond_broadcast (&p->commit_cond);
+  pthread_mutex_unlock (&p->lock);
+  if (join)
+    pthread_join (t, NULL);
+  pthread_mutex_lock (&p->lock);
+  p->committer_stop = false;
+  pthread_mutex_unlock (&p->lock);
+}
+
+/* Pools made before the engine started get their threads now. */
+static int
+pool_type_start (struct mapper_err *err)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&pools_lock);
+
+  engine_up = true;
+  for (struct pool *p = pools; p; p = p->next) {
+    int e = committer_start_locked (p);
+
+    if (e != 0) {
+      /* Those started stop with their pools (pool_free). */
+      engine_up = false;
+      mapper_err_set (err, "thin-pool: cannot start the commit thread of "
+                      "the pool on %s: %s", backend_name (p->md_be),
+                      mapper_strerror (e));
+      return -e;
+    }
+  }
+  return 0;
+}
+
+/* Stop every pool's commit thread, and commit each one last while the
+ * I/O loop (a remote metadata or data device) still runs: the tables,
+ * and thin_md_close, go later.  One pool at a time, holding a
+ * reference, never pools_lock, while it waits.
+ */
+static void
+pool_type_stop (void)
+{
+  pthread_mutex_lock (&pools_lock);
+  engine_up = false;
+  pthread_mutex_unlock (&pools_lock);
   for (struct pool *p = NULL, *next;; p = next) {
     pthread_mutex_lock (&pools_lock);
     next = p ? p->next : pools;
-    while (next && (atomic_load (&next->commit_failed) ||
-                    !thin_md_changed (next->md)))
-      next = next->next;
     if (next)
       next->refs++;
     pthread_mutex_unlock (&pools_lock);
@@ -336,71 +440,10 @@ commit_changed_pools (void)
       pool_put (p);
     if (next == NULL)
       return;
-    /* Not while the pool device is suspending: its commit waits for the
-     * resume (or its postsuspend did it).
-     */
-    pool_commit_how (next, COMMIT_WAIT);
+    committer_stop (next);
+    if (!atomic_load (&next->commit_failed) && thin_md_changed (next->md))
+      pool_commit_how (next, COMMIT_WAIT);
   }
-}
-
-static void *
-commit_worker (void *arg)
-{
-  pthread_mutex_lock (&worker_lock);
-  while (!worker_stop) {
-    struct timespec ts;
-
-    clock_gettime (CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += COMMIT_PERIOD_NS / 1000000000ULL;
-    pthread_cond_timedwait (&worker_cond, &worker_lock, &ts);
-    if (worker_stop)
-      break;
-    pthread_mutex_unlock (&worker_lock);
-    commit_changed_pools ();
-    pthread_mutex_lock (&worker_lock);
-  }
-  pthread_mutex_unlock (&worker_lock);
-  return NULL;
-}
-
-static int
-pool_type_start (struct mapper_err *err)
-{
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&worker_lock);
-  int e;
-
-  if (worker_running)
-    return 0;
-  pthread_once (&worker_once, worker_cond_init);
-  worker_stop = false;
-  e = mapper_thread_create (&worker_thread, commit_worker, "mapper-thin");
-  if (e != 0) {
-    mapper_err_set (err, "thin-pool: cannot start the commit thread: %s",
-                    mapper_strerror (e));
-    return -e;
-  }
-  worker_running = true;
-  return 0;
-}
-
-static void
-pool_type_stop (void)
-{
-  bool join;
-
-  pthread_mutex_lock (&worker_lock);
-  join = worker_running;
-  worker_stop = true;
-  if (join)
-    pthread_cond_broadcast (&worker_cond);
-  worker_running = false;
-  pthread_mutex_unlock (&worker_lock);
-  if (join)
-    pthread_join (worker_thread, NULL);
-  /* A last commit of every pool while the I/O loop (a remote metadata or
-   * data device) still runs: the tables, and thin_md_close, go later.
-   */
-  commit_changed_pools ();
 }
 
 /* --- data blocks ------------------------------------------------------ */
@@ -516,6 +559,14 @@ pool_wait_space (struct pool *p, uint64_t gen, uint64_t *deadline,
   return r;
 }
 
+bool
+pool_suspended (struct pool *p)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&p->lock);
+
+  return p->suspended;
+}
+
 int
 pool_wait_running (struct pool *p)
 {
@@ -544,6 +595,7 @@ pool_free (struct pool *p)
 {
   char err[PD_ERR_LEN] = "";
 
+  committer_stop (p);
   /* thin_md_close would commit what changed, but without flushing the
    * data device first.
    */
@@ -554,6 +606,7 @@ pool_free (struct pool *p)
                 backend_name (p->md_be), err);
   for (unsigned i = 0; i < POOL_CELLS; i++)
     pthread_mutex_destroy (&p->cells[i]);
+  pthread_cond_destroy (&p->commit_cond);
   pthread_cond_destroy (&p->drain_cond);
   pthread_mutex_destroy (&p->drain_lock);
   pthread_rwlock_destroy (&p->commit_rw);
@@ -640,6 +693,7 @@ pool_create (struct pool_c *pc, uint64_t md_size, struct mapper_err *err)
   pthread_condattr_init (&ca);
   pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
   pthread_cond_init (&p->space_cond, &ca);
+  pthread_cond_init (&p->commit_cond, &ca);
   pthread_condattr_destroy (&ca);
   pthread_rwlockattr_init (&rwa);
   pthread_rwlockattr_setkind_np (&rwa,
@@ -670,6 +724,35 @@ pool_create (struct pool_c *pc, uint64_t md_size, struct mapper_err *err)
   return 0;
 }
 
+static int
+data_in_use (struct pool_c *pc, struct pool *q, struct mapper_err *err)
+{
+  mapper_err_set (err, "data device %s is already the data device of the "
+                  "pool on metadata device %s", backend_name (pc->data_be),
+                  backend_name (q->md_be));
+  return -EBUSY;
+}
+
+/* pools_lock held. */
+static void
+pool_c_link (struct pool_c *pc)
+{
+  pc->next = pool_cs;
+  pool_cs = pc;
+}
+
+static void
+pool_c_unlink (struct pool_c *pc)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&pools_lock);
+
+  for (struct pool_c **pp = &pool_cs; *pp; pp = &(*pp)->next)
+    if (*pp == pc) {
+      *pp = pc->next;
+      return;
+    }
+}
+
 /* Find the pool on pc's metadata device, or make one: the checks dm's
  * pool_ctr and pool_preresume make, at load time here (resume cannot
  * fail).
@@ -682,21 +765,26 @@ pool_find_or_create (struct pool_c *pc, uint64_t md_size,
   struct pool *p = NULL;
   uint64_t blocks;
 
-  /* Every pool: the one on this metadata device, if any, and none other
-   * on this data device (a reload of a pool onto another's data).
+  /* The pool on this metadata device, if any, and none other on this
+   * data device: neither bound there (a reload of a pool onto another's
+   * data) nor named by a table of it that a resume binds (an inactive
+   * one).  Two pools would allocate the same data blocks.
    */
-  for (struct pool *q = pools; q; q = q->next) {
+  for (struct pool *q = pools; q; q = q->next)
     if (q->md_be == pc->md_be)
       p = q;
-    else if (q->data_be == pc->data_be) {
-      mapper_err_set (err, "data device %s is already the data device of "
-                      "the pool on metadata device %s",
-                      backend_name (pc->data_be), backend_name (q->md_be));
-      return -EBUSY;
-    }
+  for (struct pool *q = pools; q; q = q->next)
+    if (q != p && q->data_be == pc->data_be)
+      return data_in_use (pc, q, err);
+  for (struct pool_c *c = pool_cs; c; c = c->next)
+    if (c->pool != p && c->data_be == pc->data_be)
+      return data_in_use (pc, c->pool, err);
+  if (p == NULL) {
+    int r = pool_create (pc, md_size, err);
+    if (r == 0)
+      pool_c_link (pc);
+    return r;
   }
-  if (p == NULL)
-    return pool_create (pc, md_size, err);
 
   if (p->block_sectors != pc->block_sectors) {
     mapper_err_set (err, "metadata device %s is in use by a pool with a "
@@ -714,6 +802,7 @@ pool_find_or_create (struct pool_c *pc, uint64_t md_size,
   }
   p->refs++;
   pc->pool = p;
+  pool_c_link (pc);
   return 0;
 }
 
@@ -762,9 +851,14 @@ pool_resume (struct target *ti)
 
   pthread_rwlock_wrlock (&p->commit_rw);
   if (p->data_be != pc->data_be) {
+    struct backend *old = p->data_be;
+
     target_backend_hold (pc->data_be);
-    target_backend_put (p->data_be);
+    /* Under pools_lock too: pool_find_or_create reads it so. */
+    pthread_mutex_lock (&pools_lock);
     p->data_be = pc->data_be;
+    pthread_mutex_unlock (&pools_lock);
+    target_backend_put (old);
   }
   if (thin_md_get_data_dev_size (p->md, &blocks) == 0 &&
       pc->nr_blocks > blocks && !thin_md_failed (p->md) &&
@@ -843,18 +937,30 @@ pool_presuspend (struct target *ti)
   pthread_mutex_unlock (&p->lock);
 }
 
-/* dm's pool_postsuspend commits: a suspended pool is a committed one.
- * Only if it needs no wait: a thin write that holds commit_rw may be
- * held by this very suspend (a suspended mapper: data device), and so
- * may fast-path clones a drain waits for (at this device's gate); the
- * commit thread does it after the resume then.
+/* dm's pool_postsuspend flushes the pool's worker and commits: a
+ * suspended pool sends nothing more to its data device, and is a
+ * committed one.  The provisioning writes, copies and passdowns in
+ * flight go to the data device directly, holding commit_rw shared:
+ * they finish before the suspend does (and before its flush of the
+ * data device), new ones see suspended under commit_rw and wait for the
+ * resume.  The commit only if it needs no wait: fast-path clones a
+ * drain waits for may be held at this device's gate; the commit thread
+ * does it after the resume then.
  */
 static void
 pool_postsuspend (struct target *ti)
 {
   struct pool_c *pc = ti->private;
   struct pool *p = pc->pool;
+  bool bound;
 
+  pthread_mutex_lock (&p->lock);
+  bound = p->ti == ti;
+  pthread_mutex_unlock (&p->lock);
+  if (bound) {
+    pthread_rwlock_wrlock (&p->commit_rw);
+    pthread_rwlock_unlock (&p->commit_rw);
+  }
   if (!atomic_load (&p->commit_failed) && thin_md_changed (p->md))
     pool_commit_how (p, COMMIT_TRY);
 }
@@ -867,6 +973,7 @@ pool_dtr (struct target *ti)
   if (pc == NULL)
     return;
   if (pc->pool) {
+    pool_c_unlink (pc);
     pool_unbind (ti);
     pool_put (pc->pool);
   }
@@ -1047,8 +1154,12 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
   else if (strcmp (cmd, "delete") == 0) {
     if ((r = read_dev_id (cmd, argv[1], &id, err)) < 0)
       return r;
-    /* Its blocks may be shared with an open volume's in-flight I/O
-     * (a snapshot's, whose origin broke sharing since).
+    /* Not under commit_rw: that would wait behind a commit, and this
+     * holds the control lock (below).  None of its blocks needs a
+     * drain: the device is not open, so no clone of its own is in
+     * flight, and a block it frees that an open volume's clone may
+     * still reach lost that volume's mapping earlier, by a discard or
+     * a break of sharing, whose own release a drain covers.
      */
     r = thin_md_delete (p->md, id, perr);
     if (r == 0)
@@ -1100,11 +1211,13 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
       pool_md_failed (p, cmd, r, perr);
     return m;
   }
-  /* dm commits after every message; while the pool device is
-   * suspending with fast-path I/O to drain, the commit thread does it
-   * after the resume (this holds the device's lock).
+  /* dm commits after every message; if that would wait (for fast-path
+   * I/O to drain, or for a write holding commit_rw), the pool's commit
+   * thread does it once that is done.  Messages run under the control
+   * lock, which a resume of the device holding that I/O (a suspended
+   * data device) needs.
    */
-  if ((r = pool_commit_how (p, COMMIT_WAIT)) < 0 && r != -EAGAIN) {
+  if ((r = pool_commit_how (p, COMMIT_TRY)) < 0 && r != -EAGAIN) {
     mapper_err_set (err, "%s: committing the metadata failed: the pool is "
                     "read-only now (needs_check)", cmd);
     return r;
@@ -1221,7 +1334,8 @@ pool_ctr (struct target *ti, unsigned argc, char **argv,
     r = -EINVAL;
     goto fail;
   }
-  if ((r = pool_find_or_create (pc, md_size & ~4095ULL, err)) < 0)
+  if ((r = pool_find_or_create (pc, md_size & ~4095ULL, err)) < 0 ||
+      (r = committer_start (pc->pool, err)) < 0)
     goto fail;
   return 0;
 

@@ -208,6 +208,14 @@ thin_provision (struct thin_c *tc, enum io_op op, uint64_t vblock,
     return r;
   pthread_mutex_lock (cell);
   pthread_rwlock_rdlock (&p->commit_rw);
+  if (pool_suspended (p)) {
+    /* Suspended since pool_wait_running: its postsuspend waits for
+     * this lock's holders, and nothing goes to the data device now.
+     */
+    pthread_rwlock_unlock (&p->commit_rw);
+    pthread_mutex_unlock (cell);
+    goto again;
+  }
   r = thin_md_find_block (tc->td, vblock, &old, &shared);
   if (r < 0 && r != -ENODATA) {
     r = lookup_failed (tc, r);
@@ -373,12 +381,18 @@ thin_discard (struct thin_c *tc, uint64_t off, uint64_t len)
     return 0;
   if (pool_mode (p) == PM_READ_ONLY || pool_mode (p) == PM_FAIL)
     return -EIO;
-  if ((r = pool_wait_running (p)) < 0)
-    return r;
   /* Shared: a block released here cannot be reused (that needs a
-   * commit) before its passdown is done.
+   * commit) before its passdown is done; suspended meanwhile, wait
+   * (thin_provision).
    */
-  pthread_rwlock_rdlock (&p->commit_rw);
+  for (;;) {
+    if ((r = pool_wait_running (p)) < 0)
+      return r;
+    pthread_rwlock_rdlock (&p->commit_rw);
+    if (!pool_suspended (p))
+      break;
+    pthread_rwlock_unlock (&p->commit_rw);
+  }
   while (b < e) {
     uint64_t vb, ve, db;
     bool shared;

@@ -78,6 +78,13 @@ struct pool {
    * I/O does (space_cond).
    */
   bool suspended;
+  /* The pool's own commit thread (dm's per-pool worker and waker): a
+   * commit that waits for this pool (a drain, commit_rw held by a write
+   * to a slow data device) holds up no other pool's.
+   */
+  pthread_cond_t commit_cond;   /* CLOCK_MONOTONIC; committer_stop */
+  pthread_t committer;
+  bool committer_running, committer_stop;
 
   /* Read on the request path without lock. */
   _Atomic int mode;             /* enum pool_mode */
@@ -90,7 +97,7 @@ struct pool {
    * metadata) holds it exclusive, so that no mapping it commits points
    * at data the flush did not cover and no allocated block is committed
    * without its mapping.  Writer-preferring: commits are not starved.
-   * data_be changes only under it exclusive (bind).
+   * data_be changes only under it exclusive and pools_lock (bind).
    */
   pthread_rwlock_t commit_rw;
   struct backend *data_be;      /* own reference; the bound target's */
@@ -115,12 +122,20 @@ struct pool {
    * the other slot is still draining (drain_slot), so every counted I/O
    * older than a drain is in the slot it waits for.  Nothing on the fast
    * path takes a lock: two atomic additions and a load per clone.
+   *
+   * Releases are counted (release_seq, commit_rw held shared), and a
+   * drain publishes the count it read before moving the epoch once its
+   * slot is empty (drained_seq): a commit (commit_rw exclusive: no
+   * release meanwhile) needs no drain when the two are equal.  A flag
+   * cleared when a drain starts would tell a concurrent commit that
+   * nothing is undrained before that drain has even moved the epoch.
    */
   _Atomic uint64_t io_epoch;
   _Atomic uint64_t io_count[2];
   _Atomic unsigned drain_waiters;       /* under lock: in wait_slot */
-  _Atomic bool released;        /* data blocks released since the last
-                                 * drain moved the epoch on */
+  _Atomic uint64_t release_seq; /* releases of data blocks so far */
+  _Atomic uint64_t drained_seq; /* under drain_lock: releases drained */
+  uint64_t pending_seq;         /* under drain_lock: drain_slot's */
   _Atomic int drain_slot;       /* a slot being drained, or -1 */
   pthread_mutex_t drain_lock;
   pthread_cond_t drain_cond;    /* under lock; pool_io_exit wakes it */
@@ -164,6 +179,11 @@ pthread_mutex_t *pool_cell (struct pool *p, uint64_t dev_id, uint64_t block);
  * holding no pool lock.  0, or -ESHUTDOWN (request_wait gave up).
  */
 int pool_wait_running (struct pool *p);
+/* Suspending or suspended (under lock): a write to the data device
+ * that found it so, commit_rw held shared, drops its locks and waits
+ * (the pool's postsuspend waits for those that did not).
+ */
+bool pool_suspended (struct pool *p);
 static inline enum pool_mode
 pool_mode (struct pool *p)
 {
@@ -205,7 +225,7 @@ pool_io_enter (struct pool *p)
 static inline void
 pool_released (struct pool *p)
 {
-  atomic_store (&p->released, true);
+  atomic_fetch_add (&p->release_seq, 1);
 }
 
 #endif /* NBDMAPPER_TARGETS_THIN_H */
