@@ -168,6 +168,12 @@ struct backend {
  */
 void clone_done (struct clone *c, int error);
 
+/* io.c: is c its request's only clone?  Then a backend may complete it
+ * before its submit returns (waiting for a reply there) without holding
+ * up another clone of the request.
+ */
+bool clone_alone (const struct clone *c);
+
 /* flush.c: a connection to the backend dropped: acknowledged writes that
  * were not flushed may be gone, so the next flush covering it fails with
  * EIO.

@@ -14,6 +14,7 @@ mapper_log_fn mapper_log;
 mapper_abandoned_fn mapper_request_abandoned;
 bool mapper_trace_io;
 bool mapper_flush_per_target;
+bool mapper_inline_disabled;
 
 const char *const io_op_name[] = {
   [IO_READ] = "read", [IO_WRITE] = "write", [IO_ZERO] = "zero",

@@ -76,6 +76,11 @@ extern mapper_log_fn mapper_log;
 extern bool mapper_trace_io;         /* log each request's split */
 /* Benchmarks only: devices created from now on flush like old dm. */
 extern bool mapper_flush_per_target;
+/* Benchmarks and tests only: remote requests never go inline (a worker
+ * on a parked direct connection, server/backends/nbd-wire.c), always
+ * through the I/O loop.
+ */
+extern bool mapper_inline_disabled;
 const char *mapper_version (void);
 /* Set by the server around the engine (the plugin): has the request the
  * calling thread serves been given up, because the server is stopping or

@@ -119,6 +119,12 @@ io_req_cancel (struct io_req *req)
                              req->clones[i].end_io_arg, -ECANCELED);
 }
 
+bool
+clone_alone (const struct clone *c)
+{
+  return c->req->nr == 1;
+}
+
 enum io_op
 io_req_op (const struct io_req *req)
 {

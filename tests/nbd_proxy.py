@@ -8,11 +8,18 @@ bytes connection N forwarded to the server.  A file CTL/corrupt holding
 "magic", "cookie" or "gen" flips one byte (0, 15 or 11) of the next data
 the server sends on any connection (at queue depth 1, a reply's header:
 its magic, its cookie's low byte, or the low byte of its high half),
-then goes.
+then goes.  A file CTL/cut makes the next data of the server longer than
+a reply header and 100 bytes (a read's reply) arrive only in part (the
+header and 100 bytes of the data), and then closes that connection: a
+server gone partway through a read's data.  A file CTL/early makes the
+next client data that starts a write of at least 256 KiB get an EIO
+reply at once, before the rest of the write is read, and then closes
+the connection: a reply to a request still being sent.  Both go once
+used.
 
   python3 nbd_proxy.py LISTEN TARGET CTL
 """
-import os, select, socket, sys, threading
+import os, select, socket, struct, sys, threading
 listen, target, ctl = sys.argv[1:4]
 
 def put(name, value):
@@ -20,6 +27,16 @@ def put(name, value):
     with open(tmp, "w") as f:
         f.write("%d\n" % value)
     os.rename(tmp, os.path.join(ctl, name))
+
+def once(cond, name):
+    """cond, and CTL/name was there (it is gone now)."""
+    if not cond:
+        return False
+    try:
+        os.unlink(os.path.join(ctl, name))
+        return True
+    except FileNotFoundError:
+        return False
 
 def serve(n, c):
     try:
@@ -51,6 +68,18 @@ def serve(n, c):
             if not d:
                 done = True
                 break
+            if once(x is s and len(d) > 116, "cut"):
+                c.sendall(d[:116])
+                done = True
+                break
+            if x is c and len(d) >= 28:
+                magic, _, typ, cookie, _, length = struct.unpack(
+                    ">IHHQQI", d[:28])
+                if once(magic == 0x25609513 and typ == 1 and
+                        length >= 256 << 10, "early"):
+                    c.sendall(struct.pack(">IIQ", 0x67446698, 5, cookie))
+                    done = True
+                    break
             corrupt = os.path.join(ctl, "corrupt")
             if x is s and os.path.exists(corrupt):
                 with open(corrupt) as f:

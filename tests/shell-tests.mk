@@ -51,4 +51,5 @@ SHELL_TESTS = \
 	test-remote-replies.sh \
 	test-remote-lookup.sh \
 	test-remote-direct.sh \
+	test-remote-inline.sh \
 	test-list-exports-limit.sh

@@ -34,8 +34,12 @@ echo "0 32768 linear nbd+unix:///?socket=$tmpdir/p.sock 0" > "$tmpdir/d.table"
 sock=$tmpdir/mapper.sock
 log=$tmpdir/mapper.log
 # Threads enough for the 32 reads below to reach the backend at once.
+# Every request through the I/O loop (inline_off): the test places them
+# by the loop's rule (connection 1 first, up to SPILL), and an inline
+# read would hold connection 1 alone until its timeout.  The same loss
+# after an inline write: test-remote-inline.sh.
 start_server --stderr "$log" mapper -v -D nbdkit.backend.datapath=0 -t 64 \
-    mapper remote-connections=2 remote-timeout=4 "$tmpdir/d.table"
+    -D mapper.inline_off=1 mapper remote-connections=2 remote-timeout=4 "$tmpdir/d.table"
 
 timeout 120 python3 "$top_srcdir/tests/remote_loss_elsewhere.py" "$sock" "$tmpdir" || { grep 'p.sock' "$log" | tail -20; die "failed"; }
 echo "$0: ok"

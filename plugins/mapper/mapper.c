@@ -30,6 +30,11 @@ NBDKIT_DLL_PUBLIC int mapper_debug_io = 0;
  * backend: reproduces the "before" for the flush benchmark.
  */
 NBDKIT_DLL_PUBLIC int mapper_debug_flush_per_target = 0;
+/* -D mapper.inline_off=1: remote requests always go through the I/O
+ * loop: the "before" of bench/bench-remote's QD1 rows, and the loop's
+ * path in tests.
+ */
+NBDKIT_DLL_PUBLIC int mapper_debug_inline_off = 0;
 /* -D mapper.stats_off=1: keep no I/O statistics: the "before" of
  * bench/bench-stats, never for production.
  */
@@ -285,6 +290,7 @@ mapper_config_complete (void)
   mapper_trace_io = mapper_debug_io != 0;
   mapper_flush_per_target = mapper_debug_flush_per_target != 0;
   mapper_stats_disabled = mapper_debug_stats_off != 0;
+  mapper_inline_disabled = mapper_debug_inline_off != 0;
   mapper_crypt_openssl = mapper_debug_crypt_openssl != 0;
   nbdkit_debug ("crypt: AES-XTS by the %s transform",
                 mapper_crypt_transform ());

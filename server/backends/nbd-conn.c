@@ -16,6 +16,7 @@
  */
 #include <config.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -279,7 +280,7 @@ keep_only (struct nbd_conn *keep)
       continue;
     conn->retired = true;
     if (conn->h)
-      nbd_conn_drop (conn, "no multi-conn");
+      nbd_conn_drop_soon (conn, "no multi-conn");
     else
       nbd_conn_retry_later (conn);      /* stops its timer */
   }
@@ -316,7 +317,7 @@ conn_up (struct nbd_conn *conn)
     conn->wire = nbd_wire_new (conn->h);
   LOG ("%s: connection %u -> up%s", nb->be.name, conn->index,
        conn->wire ? " (direct)" : "");
-  nbd_conn_update_io (conn);
+  nbd_conn_settle (conn);
 }
 
 /* After libnbd ran on conn: notice death or the end of the handshake. */
@@ -344,7 +345,7 @@ wire_io (struct nbd_conn *conn, int revents)
   else if (conn->lost)
     nbd_conn_drop (conn, "connection lost");
   else
-    nbd_conn_update_io (conn);
+    nbd_conn_settle (conn);
 }
 
 static void
@@ -444,6 +445,7 @@ void
 nbd_conns_attach (struct nbd_backend *nb)
 {
   struct ev_loop *l = ioloop_ev ();
+  int own;
 
   ev_prepare_init (&nb->flush, on_flush);
   nb->flush.data = nb;
@@ -456,14 +458,31 @@ nbd_conns_attach (struct nbd_backend *nb)
     conn->timer.data = conn;
     /* A lookup from an earlier loop is its resolver's to free. */
     conn->lookup = NULL;
+    /* A worker's (or its broken_job's): they hand it over.  Parked, or
+     * given up while the last loop stopped: ours again.
+     */
+    own = atomic_load (&conn->owner);
+    if (own == OWN_WORKER ||
+        (own == OWN_BROKEN && atomic_load (&conn->broken_queued)))
+      continue;
+    if (own == OWN_PARKED &&
+        !atomic_compare_exchange_strong (&conn->owner, &own, OWN_LOOP))
+      continue;                 /* a worker took it just now */
+    if (own == OWN_BROKEN) {
+      /* Its job failed as the last loop stopped: drop it now (a loss). */
+      atomic_store (&conn->owner, OWN_LOOP);
+      nbd_conn_drop (conn, conn->broken_why);
+      continue;
+    }
     if (i == 0 && nb->probe) {
       conn->h = nb->probe;
       nb->probe = NULL;
       conn->state = CONN_CONNECTING;  /* nbd_conn_check makes it up */
       nbd_conn_check (conn);
     }
-    else if (conn->h && conn->state == CONN_UP && nbd_aio_is_ready (conn->h))
-      nbd_conn_update_io (conn);        /* kept over a loop restart */
+    else if (own != OWN_BROKEN && conn->h && conn->state == CONN_UP &&
+             nbd_aio_is_ready (conn->h))
+      nbd_conn_settle (conn);           /* kept over a loop restart */
     else {
       nbd_close_handle (conn, false);
       conn->backoff = 0;        /* connect now */
@@ -472,4 +491,117 @@ nbd_conns_attach (struct nbd_backend *nb)
   }
   if (!nbd_any_up (nb) && nb->down_since == 0)
     nb->down_since = ev_now (l);
+}
+
+/* --- the ownership protocol (nbd-wire.c's header comment) ------------ */
+
+bool
+nbd_conn_claim (struct nbd_conn *conn)
+{
+  int own = OWN_PARKED;
+
+  if (atomic_load (&conn->owner) == OWN_LOOP)
+    return true;
+  if (!atomic_compare_exchange_strong (&conn->owner, &own, OWN_LOOP))
+    return false;
+  nbd_conn_update_io (conn);    /* watched again */
+  return true;
+}
+
+void
+nbd_conn_settle (struct nbd_conn *conn)
+{
+  if (conn->wire && atomic_load_explicit (&conn->nb->park,
+                                          memory_order_relaxed) &&
+      conn->state == CONN_UP && !conn->lost &&
+      conn->inflight.len == 0 && nbd_wire_idle (conn->wire) &&
+      atomic_load (&conn->owner) == OWN_LOOP) {
+    /* Unwatched from now on: a worker's exchange on it must not wake
+     * the loop (libev drops the fd from epoll at its next event).
+     */
+    ev_io_stop (ioloop_ev (), &conn->io);
+    conn->inline_fd = nbd_wire_fd (conn->wire);
+    atomic_store (&conn->owner, OWN_PARKED);
+  }
+  else
+    nbd_conn_update_io (conn);
+}
+
+void
+nbd_conn_check_parked (struct nbd_conn *conn)
+{
+  int own = OWN_PARKED;
+  char byte;
+  ssize_t r;
+
+  /* Taken as a worker would (no watcher restarted for a look). */
+  if (!atomic_compare_exchange_strong (&conn->owner, &own, OWN_LOOP))
+    return;
+  r = recv (conn->inline_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    atomic_store (&conn->owner, OWN_PARKED);    /* nothing: still idle */
+  else
+    nbd_conn_update_io (conn);  /* EOF, an error or data: wire_io's */
+}
+
+void
+nbd_conn_drop_soon (struct nbd_conn *conn, const char *why)
+{
+  /* Stored before trying to claim it, as a worker hands it back before
+   * looking at drop_wanted: one of the two sees the other.
+   */
+  conn->drop_why = why;
+  atomic_store (&conn->drop_wanted, true);
+  if (nbd_conn_claim (conn)) {
+    atomic_store (&conn->drop_wanted, false);
+    nbd_conn_drop (conn, why);
+  }
+}
+
+struct nbd_conn *
+nbd_conn_take (struct nbd_backend *nb)
+{
+  /* The order pick_conn fills them in, connection 0 last. */
+  for (unsigned k = 1; k <= nb->nr_conns; k++) {
+    struct nbd_conn *conn = &nb->conns[k < nb->nr_conns ? k : 0];
+    int own = OWN_PARKED;
+
+    if (atomic_load_explicit (&conn->owner, memory_order_relaxed) !=
+        OWN_PARKED ||
+        !atomic_compare_exchange_strong (&conn->owner, &own, OWN_WORKER))
+      continue;
+    if (atomic_load (&conn->drop_wanted)) {
+      nbd_conn_give_up (conn, NULL, false, conn->drop_why);
+      continue;
+    }
+    return conn;
+  }
+  return NULL;
+}
+
+void
+nbd_conn_release (struct nbd_conn *conn)
+{
+  struct nbd_backend *nb = conn->nb;
+  int own = OWN_PARKED;
+
+  atomic_store (&conn->owner, OWN_PARKED);
+  /* After the store (see nbd_conn_drop_soon and pick_conn). */
+  if (atomic_load (&conn->drop_wanted) &&
+      atomic_compare_exchange_strong (&conn->owner, &own, OWN_WORKER))
+    nbd_conn_give_up (conn, NULL, false, conn->drop_why);
+  if (atomic_load (&nb->want) && !atomic_exchange (&nb->pump_queued, true))
+    ioloop_queue_job (&nb->pump_job);
+}
+
+void
+nbd_conn_give_up (struct nbd_conn *conn, struct clone *c, bool timed_out,
+                  const char *why)
+{
+  conn->broken_clone = c;
+  conn->broken_timeout = timed_out;
+  snprintf (conn->broken_why, sizeof conn->broken_why, "%s", why);
+  atomic_store (&conn->broken_queued, true);
+  atomic_store (&conn->owner, OWN_BROKEN);
+  ioloop_queue_job (&conn->broken_job);
 }

@@ -67,6 +67,16 @@ struct cmd_list {
 
 enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_UP };
 
+/* Who may touch a direct connection's socket (the ownership protocol,
+ * nbd-wire.c's header comment).  Not direct: always OWN_LOOP.
+ */
+enum conn_owner {
+  OWN_LOOP,                     /* the loop's: watched, as before */
+  OWN_PARKED,                   /* idle, unwatched: a worker may take it */
+  OWN_WORKER,                   /* a worker's request is on it */
+  OWN_BROKEN,                   /* a worker gave it up: the loop drops it */
+};
+
 struct nbd_conn {
   struct nbd_backend *nb;       /* read-only */
   unsigned index;               /* read-only */
@@ -82,6 +92,24 @@ struct nbd_conn {
   bool retired;                 /* multi-conn lost (keep_only): never reopened */
   struct lookup *lookup;        /* the resolver is making h, or NULL */
   struct cmd_list inflight;
+
+  /* The ownership protocol (nbd-wire.c).  owner: any thread, atomics
+   * only.  inline_fd is set by the loop before it parks the connection
+   * (published by that store), read by the worker that takes it.  The
+   * broken_* fields are the worker's until it queues broken_job, the
+   * loop's from then on.
+   */
+  _Atomic int owner;            /* enum conn_owner */
+  _Atomic bool drop_wanted;     /* the loop wants it closed (abandon,
+                                 * keep_only) while a worker holds it */
+  _Atomic bool broken_queued;   /* broken_job queued, not yet run */
+  const char *drop_why;         /* the loop's, before drop_wanted */
+  int inline_fd;
+  struct ioloop_job broken_job;
+  struct clone *broken_clone;   /* the worker's clone, for the loop to
+                                 * retry or fail as a lost command */
+  bool broken_timeout;          /* it got no reply by its deadline */
+  char broken_why[160];
 };
 
 /* What the first handshake promised; a reconnection must keep it, except
@@ -109,8 +137,11 @@ struct nbd_backend {
   struct nbd_conn *conns;
   struct cmd_list waiting;      /* commands waiting for a connection */
   struct nbd_cmd *free_cmds;
-  unsigned outstanding;         /* commands waiting or issued */
+  /* Commands waiting or issued; read by workers (nbd_try_inline). */
+  _Atomic unsigned outstanding;
   ev_timer tick;                /* request deadlines, while outstanding */
+  ev_timer idle_check;          /* parked connections: has the server
+                                 * gone? (nothing watches them) */
   ev_prepare flush;             /* direct connections: send what this
                                  * turn of the loop queued (on_flush) */
   ev_tstamp down_since;         /* no connection up since, or 0 */
@@ -124,7 +155,18 @@ struct nbd_backend {
    * outage of the server, whose connections go one after the other, is
    * one loss, not one per connection.
    */
-  uint64_t ack_clock, flushed_ack, lost_ack;
+  _Atomic uint64_t ack_clock, flushed_ack; /* also inline workers' */
+  uint64_t lost_ack;
+
+  /* Inline requests (any thread, atomics): want says the loop found
+   * every up connection held by workers while commands waited, so the
+   * next worker to hand one back queues pump_job (once: pump_queued).
+   */
+  _Atomic bool want, pump_queued;
+  _Atomic bool park;            /* a request could have gone inline: the
+                                 * loop parks idle direct connections */
+  struct ioloop_job pump_job;
+  _Atomic uint64_t nr_inline;   /* requests done inline */
 };
 
 #define NB(be) ((struct nbd_backend *) (be))
@@ -179,6 +221,10 @@ void nbd_cmd_complete (struct nbd_cmd *cmd, int error);
 void nbd_part_done (struct nbd_cmd *cmd, int error);
 /* Issue waiting commands while a connection is up. */
 void nbd_pump (struct nbd_backend *nb);
+/* A worker's attempt to run clone c inline (nbd-wire.c's ownership
+ * protocol): true if c is taken care of (done, or handed to the loop).
+ */
+bool nbd_try_inline (struct nbd_backend *nb, struct clone *c);
 
 /* nbd-conn.c */
 /* A handle for connection index, connecting to uri (the TCP or Unix
@@ -205,6 +251,31 @@ bool nbd_any_up (struct nbd_backend *nb);
 void nbd_close_handle (struct nbd_conn *conn, bool graceful);
 /* The backend's connections adopted by the current loop (attach). */
 void nbd_conns_attach (struct nbd_backend *nb);
+/* The loop wants conn (up): true if it is the loop's now (taken back
+ * from the parked state), false if a worker holds it.
+ */
+bool nbd_conn_claim (struct nbd_conn *conn);
+/* The loop is done with conn for now: park it if it is direct and
+ * idle, else watch what it waits for.
+ */
+void nbd_conn_settle (struct nbd_conn *conn);
+/* The loop wants conn closed (why: for the log): now if it can claim
+ * it, else when the worker holding it hands it back.
+ */
+void nbd_conn_drop_soon (struct nbd_conn *conn, const char *why);
+/* If conn is parked: has its server closed it (or sent anything)?  Then
+ * the loop takes it back, and its watcher sees what came.
+ */
+void nbd_conn_check_parked (struct nbd_conn *conn);
+/* Worker side: take a parked connection of nb (NULL if none), hand it
+ * back after a normal exchange, or give it up broken (why; c, if not
+ * NULL, to be retried or failed by the loop as a command lost with the
+ * connection).
+ */
+struct nbd_conn *nbd_conn_take (struct nbd_backend *nb);
+void nbd_conn_release (struct nbd_conn *conn);
+void nbd_conn_give_up (struct nbd_conn *conn, struct clone *c,
+                       bool timed_out, const char *why);
 
 /* nbd-wire.c: the transmission phase on the socket (loop thread). */
 /* May h's connection go direct (plaintext, simple replies only)? */
@@ -225,6 +296,16 @@ const char *nbd_wire_io (struct nbd_wire *w, int revents, char *why,
 bool nbd_wire_want_write (const struct nbd_wire *w);
 int nbd_wire_fd (const struct nbd_wire *w);
 bool nbd_wire_has_unsent (const struct nbd_wire *w);
+/* Nothing queued, nothing awaited, nothing half read: may be parked. */
+bool nbd_wire_idle (const struct nbd_wire *w);
+/* A worker's inline exchange on the parked socket fd: one request, its
+ * reply (a read's data straight into buf), within timeout seconds.
+ * The reply's errno (0: success), or -1 with why the connection failed
+ * in why[whylen], or -ETIMEDOUT.
+ */
+int nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
+                     uint64_t offset, uint32_t len, double timeout,
+                     char *why, size_t whylen);
 
 /* nbd-resolve.c: make conn's handle in the resolver thread (the URI's
  * host is a name); 0, or -1 (try again later).  The handle comes back

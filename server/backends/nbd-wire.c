@@ -26,15 +26,74 @@
  * unknown cookie) make nbd_wire_io return why, and the caller drops the
  * connection; its commands are retried elsewhere exactly as with libnbd.
  * Deadlines are the backend's (on_tick in nbd.c).
+ *
+ * Inline requests.  At queue depth 1 the hand-over to the loop and back
+ * costs more than the request: a worker wakes the loop (ev_async), the
+ * loop sends, polls, reads and wakes the worker (futex).  So a request
+ * that is alone in its client request (clone_alone, one part, not a
+ * multipath's) may be sent by its worker itself on an idle direct
+ * connection, which then waits for its reply in poll() and reads it
+ * (nbd_wire_inline, nbd_try_inline in nbd.c): send, poll, receive, and
+ * no other thread woken.  Who may touch a direct connection's socket,
+ * libnbd handle and wire is conn->owner (enum conn_owner, atomics):
+ *
+ *   OWN_LOOP    the loop's, as described above; its EV_READ watcher on.
+ *   OWN_PARKED  nobody's.  The loop parks a connection when it is up,
+ *               not lost, has no command in flight and its wire is idle
+ *               (nbd_conn_settle), after stopping its watcher, so that
+ *               the worker's traffic never wakes the loop.  inline_fd is
+ *               set before the store that parks it.  Only once a request
+ *               could have gone inline (nb->park): before, parking would
+ *               cost the loop an epoll_ctl per request for nothing.
+ *   OWN_WORKER  one worker's, taken by compare-and-swap from PARKED
+ *               (nbd_conn_take).  It sends one request with a cookie of
+ *               its own, and reads exactly its reply; on success it
+ *               stores PARKED (nbd_conn_release) before it completes the
+ *               clone, so nothing of the backend is touched after the
+ *               clone is done (a close may follow at once).
+ *   OWN_BROKEN  the worker gave it up (nbd_conn_give_up): a fault, an
+ *               error reply that means the server is going (ESHUTDOWN),
+ *               or no reply by remote-timeout.  Its clone goes with it
+ *               to the loop in conn->broken_job, which takes the
+ *               connection back and drops it as if the clone had been
+ *               in flight on it (nbd.c's broken_run): the clone is
+ *               retried elsewhere, or fails as any lost command (flushes,
+ *               fail-fast clones, timeouts: EIO), and the loss counts
+ *               for lost-write detection.  Nothing was left half read:
+ *               no late reply can land in a buffer reissued elsewhere.
+ *
+ * The loop takes a parked connection back by compare-and-swap
+ * (nbd_conn_claim, restarting its watcher) whenever it wants it:
+ * pick_conn for a command, abandon, keep_only, a new loop generation
+ * (nbd_conns_attach), the backend's close.  It never touches a
+ * connection it could not claim.  When every up connection is a
+ * worker's and commands wait, it sets nb->want and looks once more; a
+ * worker hands back with a store and then reads want (both seq_cst, so
+ * one of the two sees the other), and queues nb->pump_job.  Likewise
+ * the loop wanting a worker's connection closed (abandon, keep_only)
+ * sets drop_wanted and then tries to claim it; the worker reads it
+ * after taking or handing back and gives the connection up instead.
+ * Flush ordering is as on the loop's path: a flush (inline or not)
+ * covers the writes counted in nb->ack_clock when it is sent, and an
+ * inline write is counted when its reply comes, before its clone
+ * completes; a write still inline is not yet acknowledged, so no flush
+ * has to cover it.  ioloop_stop comes only when nothing is in flight,
+ * so never while a worker holds a connection; a broken_job the stopping
+ * loop failed leaves the connection BROKEN, and the next attach drops
+ * it.  An idle parked connection is not watched: a server that closed
+ * it is seen by the next request on it, which is then retried.
  */
 #include <config.h>
 
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include <endian.h>
 
@@ -55,6 +114,11 @@
 #define WIRE_IOV 64             /* iovec entries per sendmsg */
 #define WIRE_RBUF (NBD_REPLY_SIZE * 64) /* reply headers per recv */
 #define NO_SLOT UINT32_MAX
+/* An inline request's cookie: one request at a time on the socket, so
+ * any other cookie in its reply is a fault.  Its low half is never a
+ * slot (at most 1 << 24 of them).
+ */
+#define INLINE_COOKIE UINT64_C (0x696e6c69ffffffff)
 
 /* One NBD request awaiting its reply (or still being sent). */
 struct wire_req {
@@ -133,6 +197,13 @@ nbd_wire_has_unsent (const struct nbd_wire *w)
   return w->send_head != NO_SLOT;
 }
 
+bool
+nbd_wire_idle (const struct nbd_wire *w)
+{
+  return w->send_head == NO_SLOT && w->awaiting == 0 && w->rlen == 0 &&
+    w->rcur == NO_SLOT && !w->blocked;
+}
+
 static uint32_t
 slot_alloc (struct nbd_wire *w)
 {
@@ -206,21 +277,13 @@ get_be64 (const unsigned char *p)
   return be64toh (v);
 }
 
-int
-nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
-                uint16_t flags, char *buf, uint64_t offset, uint64_t len)
+/* A request's header in hdr; its NBD command type. */
+static uint16_t
+put_request (unsigned char *hdr, enum io_op op, uint16_t flags,
+             uint64_t cookie, uint64_t offset, uint64_t len)
 {
-  uint32_t i = slot_alloc (w);
-  struct wire_req *r;
   uint16_t type;
-  uint32_t hlen = len;
 
-  if (i == NO_SLOT)
-    return -ENOMEM;
-  r = &w->slots[i];
-  r->cmd = cmd;
-  r->buf = buf;
-  r->len = op == IO_READ || op == IO_WRITE ? len : 0;
   switch (op) {
   case IO_READ:
     type = NBD_CMD_READ;
@@ -238,16 +301,34 @@ nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
   default:
     type = NBD_CMD_FLUSH;
     offset = 0;
-    hlen = 0;
+    len = 0;
     break;
   }
-  r->type = type;
-  put_be32 (r->hdr, NBD_REQUEST_MAGIC);
-  put_be16 (r->hdr + 4, flags);
-  put_be16 (r->hdr + 6, type);
-  put_be64 (r->hdr + 8, (uint64_t) r->gen << 32 | i);
-  put_be64 (r->hdr + 16, offset);
-  put_be32 (r->hdr + 24, hlen);
+  put_be32 (hdr, NBD_REQUEST_MAGIC);
+  put_be16 (hdr + 4, flags);
+  put_be16 (hdr + 6, type);
+  put_be64 (hdr + 8, cookie);
+  put_be64 (hdr + 16, offset);
+  put_be32 (hdr + 24, len);
+  return type;
+}
+
+int
+nbd_wire_issue (struct nbd_wire *w, struct nbd_cmd *cmd, enum io_op op,
+                uint16_t flags, char *buf, uint64_t offset, uint64_t len)
+{
+  uint32_t i = slot_alloc (w);
+  struct wire_req *r;
+  uint16_t type;
+
+  if (i == NO_SLOT)
+    return -ENOMEM;
+  r = &w->slots[i];
+  r->cmd = cmd;
+  r->buf = buf;
+  r->len = op == IO_READ || op == IO_WRITE ? len : 0;
+  r->type = type = put_request (r->hdr, op, flags,
+                                (uint64_t) r->gen << 32 | i, offset, len);
   r->sending = true;
   r->next = NO_SLOT;
   if (w->send_tail == NO_SLOT)
@@ -363,6 +444,22 @@ req_done (struct nbd_wire *w, uint32_t i, int error)
   nbd_part_done (cmd, error);
 }
 
+static const char *
+bad_magic (const unsigned char *p, char *why, size_t whylen)
+{
+  snprintf (why, whylen, "bad reply magic 0x%08x (expected 0x%08x)",
+            get_be32 (p), NBD_SIMPLE_REPLY_MAGIC);
+  return why;
+}
+
+static const char *
+unknown_cookie (uint64_t cookie, char *why, size_t whylen)
+{
+  snprintf (why, whylen, "reply to an unknown request (cookie 0x%016llx)",
+            (unsigned long long) cookie);
+  return why;
+}
+
 /* Parse the reply header in rbuf[0..16): NULL, or the protocol error. */
 static const char *
 parse_reply (struct nbd_wire *w, const unsigned char *p, char *why,
@@ -372,15 +469,21 @@ parse_reply (struct nbd_wire *w, const unsigned char *p, char *why,
   uint32_t i = cookie & 0xffffffff, error = get_be32 (p + 4);
   struct wire_req *r;
 
-  if (get_be32 (p) != NBD_SIMPLE_REPLY_MAGIC) {
-    snprintf (why, whylen, "bad reply magic 0x%08x (expected 0x%08x)",
-              get_be32 (p), NBD_SIMPLE_REPLY_MAGIC);
-    return why;
-  }
+  if (get_be32 (p) != NBD_SIMPLE_REPLY_MAGIC)
+    return bad_magic (p, why, whylen);
   if (i >= w->nr_slots || (r = &w->slots[i])->cmd == NULL ||
-      r->gen != cookie >> 32 || r->sending) {
-    snprintf (why, whylen, "reply to an unknown request (cookie 0x%016llx)",
-              (unsigned long long) cookie);
+      r->gen != cookie >> 32)
+    return unknown_cookie (cookie, why, whylen);
+  if (r->sending) {
+    /* Answered before it was read in full (a write rejected early):
+     * the protocol still wants its payload read by the server, but one
+     * that answers early is usually about to close.  The connection
+     * goes as a lost one and the write is retried, rather than be
+     * reported failed on a connection whose state is in doubt.
+     */
+    snprintf (why, whylen, "reply to a request still being sent "
+              "(cookie 0x%016llx, error %u)", (unsigned long long) cookie,
+              get_be32 (p + 4));
     return why;
   }
   if (r->type == NBD_CMD_READ && error == 0 && r->len > 0) {
@@ -483,4 +586,137 @@ nbd_wire_io (struct nbd_wire *w, int revents, char *why, size_t whylen)
       wire_send (w, why, whylen))
     return why;
   return NULL;
+}
+
+/* --- inline requests (a worker's, on a parked connection) ------------ */
+
+static uint64_t
+now_ms (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Wait until fd is ready for events or deadline (ms) passes: 0,
+ * -ETIMEDOUT, or -1 with why.
+ */
+static int
+wait_fd (int fd, short events, uint64_t deadline, char *why, size_t whylen)
+{
+  for (;;) {
+    struct pollfd p = { .fd = fd, .events = events };
+    uint64_t now = now_ms ();
+    int r;
+
+    if (now >= deadline)
+      return -ETIMEDOUT;
+    r = poll (&p, 1, (int) MIN (deadline - now, (uint64_t) INT_MAX));
+    if (r > 0)
+      return 0;                 /* ready, or HUP/ERR: the call says */
+    if (r == -1 && errno != EINTR) {
+      snprintf (why, whylen, "poll: %s", strerror (errno));
+      return -1;
+    }
+  }
+}
+
+/* iov[] for what is left of hdr[hlen] then buf[blen] after done bytes;
+ * the number of entries.
+ */
+static size_t
+iov_from (struct iovec *iov, unsigned char *hdr, size_t hlen, char *buf,
+          size_t blen, size_t done)
+{
+  if (done < hlen) {
+    iov[0] = (struct iovec) { hdr + done, hlen - done };
+    iov[1] = (struct iovec) { buf, blen };
+    return blen ? 2 : 1;
+  }
+  iov[0] = (struct iovec) { buf + (done - hlen), blen - (done - hlen) };
+  return 1;
+}
+
+int
+nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
+                 uint64_t offset, uint32_t len, double timeout,
+                 char *why, size_t whylen)
+{
+  unsigned char hdr[NBD_REQUEST_SIZE], rep[NBD_REPLY_SIZE];
+  uint16_t type = put_request (hdr, op, flags, INLINE_COOKIE, offset, len);
+  size_t plen = type == NBD_CMD_WRITE ? len : 0;
+  size_t dlen = type == NBD_CMD_READ ? len : 0;
+  size_t done = 0, total = NBD_REQUEST_SIZE + plen;
+  uint64_t deadline = now_ms () + (uint64_t) (timeout * 1000);
+  struct iovec iov[2];
+  struct msghdr msg = { .msg_iov = iov };
+  uint32_t error = 0;
+  bool parsed = false;
+  ssize_t r;
+  int w;
+
+  /* The request: header and payload in one send, unless the socket is
+   * full.
+   */
+  while (done < total) {
+    msg.msg_iovlen = iov_from (iov, hdr, NBD_REQUEST_SIZE, buf, plen, done);
+    r = sendmsg (fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r >= 0) {
+      done += r;
+      continue;
+    }
+    if (errno == EINTR)
+      continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      snprintf (why, whylen, "send: %s", strerror (errno));
+      return -1;
+    }
+    if ((w = wait_fd (fd, POLLOUT, deadline, why, whylen)) != 0)
+      return w;
+  }
+
+  /* The reply: its header and a read's data in one recv when they have
+   * come.  Nothing else can come on the socket: this is its only
+   * request.
+   */
+  done = 0;
+  total = NBD_REPLY_SIZE + dlen;
+  while (done < total) {
+    if ((w = wait_fd (fd, POLLIN, deadline, why, whylen)) != 0)
+      return w;
+    msg.msg_iovlen = iov_from (iov, rep, NBD_REPLY_SIZE, buf,
+                               total - NBD_REPLY_SIZE, done);
+    r = recvmsg (fd, &msg, MSG_DONTWAIT);
+    if (r == -1) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+        continue;
+      snprintf (why, whylen, "recv: %s", strerror (errno));
+      return -1;
+    }
+    if (r == 0) {
+      snprintf (why, whylen, "the server closed the connection");
+      return -1;
+    }
+    done += r;
+    if (!parsed && done >= NBD_REPLY_SIZE) {
+      parsed = true;
+      if (get_be32 (rep) != NBD_SIMPLE_REPLY_MAGIC) {
+        bad_magic (rep, why, whylen);
+        return -1;
+      }
+      if (get_be64 (rep + 8) != INLINE_COOKIE) {
+        unknown_cookie (get_be64 (rep + 8), why, whylen);
+        return -1;
+      }
+      error = get_be32 (rep + 4);
+      if (error)
+        total = NBD_REPLY_SIZE;         /* no data follows an error */
+    }
+    if (done > total) {
+      snprintf (why, whylen, "a reply no request asked for");
+      return -1;
+    }
+  }
+  return error ? nbd_errno (error) : 0;
 }

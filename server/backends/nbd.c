@@ -30,6 +30,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <semaphore.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,30 +122,44 @@ cmd_free (struct nbd_cmd *cmd)
   cmd->nb->free_cmds = cmd;
 }
 
-/* A command's reply came: account for what the backend now holds
- * unflushed (see ack_clock).  A failed write may
- * have written part: it counts too.
+/* *p = max (*p, v), any thread. */
+static void
+atomic_max (_Atomic uint64_t *p, uint64_t v)
+{
+  uint64_t was = atomic_load (p);
+
+  while (was < v && !atomic_compare_exchange_weak (p, &was, v))
+    ;
+}
+
+/* The reply to c came (error: its result), on a connection or inline:
+ * account for what the backend now holds unflushed (see ack_clock).  A
+ * failed write may have written part: it counts too.  ack_mark: a
+ * flush's ack_clock when it was sent.
  */
 static void
-note_reply (struct nbd_cmd *cmd)
+count_reply (struct nbd_backend *nb, const struct clone *c, int error,
+             uint64_t ack_mark)
 {
-  struct nbd_backend *nb = cmd->nb;
-  struct clone *c = cmd->c;
-
-  if (c == NULL)
-    return;
   switch (c->op) {
   case IO_WRITE: case IO_ZERO: case IO_TRIM:
-    if (cmd->error || !(c->flags & MAPPER_FUA))
-      nb->ack_clock++;
+    if (error || !(c->flags & MAPPER_FUA))
+      atomic_fetch_add (&nb->ack_clock, 1);
     break;
   case IO_FLUSH:
-    if (cmd->error == 0)
-      nb->flushed_ack = MAX (nb->flushed_ack, cmd->ack_mark);
+    if (error == 0)
+      atomic_max (&nb->flushed_ack, ack_mark);
     break;
   default:
     break;
   }
+}
+
+static void
+note_reply (struct nbd_cmd *cmd)
+{
+  if (cmd->c)
+    count_reply (cmd->nb, cmd->c, cmd->error, cmd->ack_mark);
 }
 
 /* Each part's reply, from libnbd's completion callback (part_done, which
@@ -217,20 +232,15 @@ zeros_init (void)
   zeros = p == MAP_FAILED ? NULL : p;
 }
 
-/* Issue one command for [off, off+len) of cmd; cookie or -1 (a direct
- * connection's: 0 or -1, the errno in *direct_error).
+/* The NBD request for the part of c at delta: its op (a zero the server
+ * can't do is a write of zeros), flags and buffer.
  */
-static int64_t
-issue_part (struct nbd_conn *conn, struct nbd_cmd *cmd, uint64_t delta,
-            uint64_t len, int *direct_error)
+static void
+part_request (const struct nbd_backend *nb, const struct clone *c,
+              uint64_t delta, enum io_op *opp, uint32_t *flagsp, char **bufp)
 {
-  nbd_completion_callback cb = { .callback = part_done, .user_data = cmd };
-  struct nbd_handle *h = conn->h;
-  struct nbd_backend *nb = cmd->nb;
-  struct clone *c = cmd->c;
   enum io_op op = c->op;
   char *buf = c->buf ? c->buf + delta : NULL;
-  uint64_t offset = c->offset + delta;
   uint32_t flags = (c->flags & MAPPER_FUA) ? LIBNBD_CMD_FLAG_FUA : 0;
 
   if (op == IO_ZERO && !nb->ex.zero) {  /* emulated: write zeros */
@@ -242,7 +252,27 @@ issue_part (struct nbd_conn *conn, struct nbd_cmd *cmd, uint64_t delta,
       ((c->flags & MAPPER_FAST_ZERO) ? LIBNBD_CMD_FLAG_FAST_ZERO : 0);
   else if (op == IO_READ || op == IO_FLUSH)
     flags = 0;
+  *opp = op;
+  *flagsp = flags;
+  *bufp = buf;
+}
 
+/* Issue one command for [off, off+len) of cmd; cookie or -1 (a direct
+ * connection's: 0 or -1, the errno in *direct_error).
+ */
+static int64_t
+issue_part (struct nbd_conn *conn, struct nbd_cmd *cmd, uint64_t delta,
+            uint64_t len, int *direct_error)
+{
+  nbd_completion_callback cb = { .callback = part_done, .user_data = cmd };
+  struct nbd_handle *h = conn->h;
+  struct clone *c = cmd->c;
+  enum io_op op;
+  uint32_t flags;
+  char *buf;
+  uint64_t offset = c->offset + delta;
+
+  part_request (cmd->nb, c, delta, &op, &flags, &buf);
   if (conn->wire) {
     int r = nbd_wire_issue (conn->wire, cmd, op, flags, buf, offset, len);
     *direct_error = -r;
@@ -348,7 +378,7 @@ cmd_issue (struct nbd_conn *conn, struct nbd_cmd *cmd)
   if (cmd->lost)
     nbd_conn_drop (conn, "connection lost while sending");
   else
-    nbd_conn_update_io (conn);
+    nbd_conn_settle (conn);
 }
 
 /* Where cmd goes, or NULL.  An extents query: connection 0, the one
@@ -362,17 +392,38 @@ static struct nbd_conn *
 pick_conn (struct nbd_backend *nb, const struct nbd_cmd *cmd)
 {
   struct nbd_conn *best = NULL;
+  bool held = false;
 
   if (cmd->x)
-    return nb->conns[0].state == CONN_UP ? &nb->conns[0] : NULL;
-  for (unsigned k = 1; k <= nb->nr_conns; k++) {
-    struct nbd_conn *conn = &nb->conns[k < nb->nr_conns ? k : 0];
-    if (conn->state != CONN_UP)
-      continue;
-    if (conn->inflight.len < SPILL)
-      return conn;
-    if (best == NULL || conn->inflight.len < best->inflight.len)
-      best = conn;
+    return nb->conns[0].state == CONN_UP && nbd_conn_claim (&nb->conns[0])
+      ? &nb->conns[0] : NULL;
+  for (int pass = 0; pass < 2; pass++) {
+    for (unsigned k = 1; k <= nb->nr_conns; k++) {
+      struct nbd_conn *conn = &nb->conns[k < nb->nr_conns ? k : 0];
+      if (conn->state != CONN_UP)
+        continue;
+      if (!nbd_conn_claim (conn)) {     /* a worker's, inline */
+        held = true;
+        continue;
+      }
+      /* Connection 0 through libnbd only when no direct one is about
+       * to come back: a worker's request there takes one round trip.
+       */
+      if (held && conn->wire == NULL)
+        continue;
+      if (conn->inflight.len < SPILL)
+        return conn;
+      if (best == NULL || conn->inflight.len < best->inflight.len)
+        best = conn;
+    }
+    if (best || !held)
+      break;
+    /* Every up connection is a worker's: the first handed back pumps
+     * (nbd_conn_release).  Look again after saying so, as one may have
+     * come back before the worker could see it.
+     */
+    atomic_store (&nb->want, true);
+    held = false;
   }
   return best;
 }
@@ -452,6 +503,20 @@ on_tick (struct ev_loop *l, ev_timer *w, int revents)
   nbd_pump (nb);
 }
 
+/* Parked connections are not watched (nbd-wire.c): now and then, look
+ * whether their server closed them or sent something, so that a server
+ * restarted while the backend is idle is reconnected to at once, as
+ * when the loop watched them (a reconnection's checks, its log).
+ */
+static void
+on_idle_check (struct ev_loop *l, ev_timer *w, int revents)
+{
+  struct nbd_backend *nb = w->data;
+
+  for (unsigned i = 0; i < nb->nr_conns; i++)
+    nbd_conn_check_parked (&nb->conns[i]);
+}
+
 /* Adopt the backend in the current loop: its request deadlines, and
  * its connections (nbd_conns_attach).
  */
@@ -463,6 +528,9 @@ attach (struct nbd_backend *nb)
   nb->attached_gen = ioloop_generation ();
   ev_timer_init (&nb->tick, on_tick, period, period);
   nb->tick.data = nb;
+  ev_timer_init (&nb->idle_check, on_idle_check, period, period);
+  nb->idle_check.data = nb;
+  ev_timer_start (ioloop_ev (), &nb->idle_check);
   nbd_conns_attach (nb);
 }
 
@@ -493,6 +561,122 @@ nbd_start (struct backend *be, struct clone *c)
   }
   cmd->c = c;
   track (nb, cmd);
+}
+
+/* --- inline requests (nbd-wire.c's ownership protocol) -------------- */
+
+/* A worker gave conn up (nbd_conn_give_up): drop it as if its clone had
+ * been in flight on it, which retries the clone elsewhere or fails it
+ * exactly as any command lost with its connection (a flush, a fail-fast
+ * clone, one past its deadline: EIO), and counts the loss.
+ */
+static void
+broken_run (struct ioloop_job *job, int error)
+{
+  struct nbd_conn *conn = (struct nbd_conn *)
+    ((char *) job - offsetof (struct nbd_conn, broken_job));
+  struct nbd_backend *nb = conn->nb;
+  struct clone *c = conn->broken_clone;
+  struct nbd_cmd *cmd;
+  struct ev_loop *l;
+
+  conn->broken_clone = NULL;
+  if (error) {          /* the loop stopped: the next attach drops conn */
+    atomic_store (&conn->broken_queued, false);
+    if (c)
+      clone_done (c, error);
+    return;
+  }
+  l = ioloop_ev ();
+  if (nb->attached_gen != ioloop_generation ())
+    attach (nb);                /* leaves conn alone: broken_queued */
+  atomic_store (&conn->broken_queued, false);
+  atomic_store (&conn->owner, OWN_LOOP);
+  atomic_store (&conn->drop_wanted, false);
+  if (c && (cmd = cmd_alloc (nb)) == NULL)
+    clone_done (c, -ENOMEM);
+  else if (c) {
+    cmd->c = c;
+    cmd->conn = conn;
+    /* Timed out: past its deadline now, so it fails as on_tick's do. */
+    cmd->deadline = ev_now (l) + (conn->broken_timeout ? 0 : nb->timeout);
+    if (nb->outstanding++ == 0 && !ev_is_active (&nb->tick))
+      ev_timer_start (l, &nb->tick);
+    list_append (&conn->inflight, cmd);
+  }
+  nbd_conn_drop (conn, conn->broken_why);
+  nbd_pump (nb);
+}
+
+/* A worker handed a connection back while commands waited (want). */
+static void
+pump_run (struct ioloop_job *job, int error)
+{
+  struct nbd_backend *nb = (struct nbd_backend *)
+    ((char *) job - offsetof (struct nbd_backend, pump_job));
+
+  atomic_store (&nb->pump_queued, false);
+  if (error || nb->attached_gen != ioloop_generation ())
+    return;
+  atomic_store (&nb->want, false);
+  nbd_pump (nb);
+}
+
+bool
+nbd_try_inline (struct nbd_backend *nb, struct clone *c)
+{
+  uint64_t len = c->op == IO_FLUSH ? 0 : c->len, ack_mark;
+  struct nbd_conn *conn;
+  enum io_op op;
+  uint32_t flags;
+  char *buf, why[128];
+  int r, error;
+
+  /* One request on the socket, the worker waiting for its reply: only
+   * for a clone that is its request's only one (others would wait
+   * behind it), in one part, and not a multipath's (its path timeout
+   * abandons what the loop holds).
+   */
+  if (mapper_inline_disabled ||
+      /* The loop has commands: it pipelines them, and a deep queue is
+       * its to serve (requests inline only while it has none).
+       */
+      atomic_load_explicit (&nb->outstanding, memory_order_relaxed) ||
+      (c->flags & CLONE_FAILFAST) || len > part_max (nb, c) ||
+      !clone_alone (c) || ioloop_in_loop_thread ())
+    return false;
+  if ((conn = nbd_conn_take (nb)) == NULL) {
+    /* From now on the loop parks idle connections (nbd_conn_settle):
+     * until a request could go inline, parking would only cost the
+     * loop an epoll_ctl per request.
+     */
+    if (!atomic_load_explicit (&nb->park, memory_order_relaxed))
+      atomic_store (&nb->park, true);
+    return false;
+  }
+  part_request (nb, c, 0, &op, &flags, &buf);
+  /* A flush covers the writes whose replies came before it is sent. */
+  ack_mark = atomic_load (&nb->ack_clock);
+  r = nbd_wire_inline (conn->inline_fd, op, flags, buf, c->offset, len,
+                       nb->timeout, why, sizeof why);
+  if (r == -ETIMEDOUT || r == -1 || connection_error (r)) {
+    /* The log says which path saw it: "... (inline)". */
+    char msg[sizeof why + 16];
+    snprintf (msg, sizeof msg, "%s (inline)",
+              r == -ETIMEDOUT ? "request timed out (server stalled)"
+              : r == -1 ? why
+              : "connection lost");     /* e.g. ESHUTDOWN: the server goes */
+    nbd_conn_give_up (conn, c, r == -ETIMEDOUT, msg);
+  }
+  else {
+    error = r ? map_errno (r) : 0;
+    count_reply (nb, c, error, ack_mark);
+    atomic_fetch_add_explicit (&nb->nr_inline, 1, memory_order_relaxed);
+    /* Before c completes: then the backend may be closed. */
+    nbd_conn_release (conn);
+    clone_done (c, error);
+  }
+  return true;
 }
 
 /* --- the backend ops ------------------------------------------------- */
@@ -536,6 +720,8 @@ nbd_submit (struct backend *be, struct clone *c)
     clone_done (c, 0);
     return;
   }
+  if (nbd_try_inline (nb, c))
+    return;
   ioloop_submit (be, c);
 }
 
@@ -634,9 +820,9 @@ status_run (void *arg)
   n += snprintf (s->buf + MIN ((size_t) n, s->len),
                  s->len - MIN ((size_t) n, s->len),
                  ", %u requests outstanding, %" PRIu64 " connections lost, %"
-                 PRIu64 " retries, %" PRIu64 " timeouts",
-                 nb->outstanding, nb->nr_losses, nb->nr_retries,
-                 nb->nr_timeouts);
+                 PRIu64 " retries, %" PRIu64 " timeouts, %" PRIu64 " inline",
+                 (unsigned) nb->outstanding, nb->nr_losses, nb->nr_retries,
+                 nb->nr_timeouts, (uint64_t) atomic_load (&nb->nr_inline));
   s->used = n;
 }
 
@@ -682,8 +868,8 @@ abandon_run (void *arg)
     return;
   for (unsigned i = 0; i < nb->nr_conns; i++)
     if (nb->conns[i].state == CONN_UP)
-      nbd_conn_drop (&nb->conns[i], "abandoned by its target "
-                     "(a multipath path timeout, a clone's stop)");
+      nbd_conn_drop_soon (&nb->conns[i], "abandoned by its target "
+                          "(a multipath path timeout, a clone's stop)");
   for (cmd = nb->waiting.head; cmd; cmd = next) {
     next = cmd->next;
     if (owned (cmd, a->owner)) {
@@ -713,6 +899,13 @@ detach_run (void *arg)
   assert (nb->outstanding == 0);
   for (unsigned i = 0; i < nb->nr_conns; i++) {
     struct nbd_conn *conn = &nb->conns[i];
+    int own = atomic_exchange (&conn->owner, OWN_LOOP);
+    /* Idle: no worker holds one, no broken_job is queued (it was queued
+     * before its clone completed, so it ran before this).  One given up
+     * while the last loop stopped (its job failed) is closed here.
+     */
+    assert (own != OWN_WORKER && !atomic_load (&conn->broken_queued));
+    (void) own;
     if (attached) {
       ev_io_stop (ioloop_ev (), &conn->io);
       ev_timer_stop (ioloop_ev (), &conn->timer);
@@ -722,6 +915,7 @@ detach_run (void *arg)
   }
   if (attached) {
     ev_timer_stop (ioloop_ev (), &nb->tick);
+    ev_timer_stop (ioloop_ev (), &nb->idle_check);
     ev_prepare_stop (ioloop_ev (), &nb->flush);
   }
   if (nb->probe) {
@@ -837,9 +1031,11 @@ nbd_backend_open (const char *spec, const char *uri, struct backend **out,
     mapper_err_set (err, "%s: out of memory", uri);
     return -ENOMEM;
   }
+  nb->pump_job.fn = pump_run;
   for (unsigned i = 0; i < nb->nr_conns; i++) {
     nb->conns[i].nb = nb;
     nb->conns[i].index = i;
+    nb->conns[i].broken_job.fn = broken_run;
     nb->conns[i].state = CONN_DOWN;
     nb->conns[i].backoff = BACKOFF_MIN;
   }
