@@ -301,11 +301,12 @@ bool nbd_wire_idle (const struct nbd_wire *w);
 /* A worker's inline exchange on the parked socket fd: one request, its
  * reply (a read's data straight into buf), within timeout seconds.
  * The reply's errno (0: success), or -1 with why the connection failed
- * in why[whylen], or -ETIMEDOUT.
+ * in why[whylen] (also once *drop is seen true while it waits), or
+ * -ETIMEDOUT.
  */
 int nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
                      uint64_t offset, uint32_t len, double timeout,
-                     char *why, size_t whylen);
+                     const _Atomic bool *drop, char *why, size_t whylen);
 
 /* nbd-resolve.c: make conn's handle in the resolver thread (the URI's
  * host is a name); 0, or -1 (try again later).  The handle comes back

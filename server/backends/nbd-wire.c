@@ -72,7 +72,9 @@
  * one of the two sees the other), and queues nb->pump_job.  Likewise
  * the loop wanting a worker's connection closed (abandon, keep_only)
  * sets drop_wanted and then tries to claim it; the worker reads it
- * after taking or handing back and gives the connection up instead.
+ * after taking or handing back, and while it waits for its reply once
+ * every REQUEST_WAIT_SLICE_NS (wait_fd: an abandon must not wait out a
+ * hung server's remote-timeout), and gives the connection up instead.
  * Flush ordering is as on the loop's path: a flush (inline or not)
  * covers the writes counted in nb->ack_clock when it is sent, and an
  * inline write is counted when its reply comes, before its clone
@@ -600,11 +602,19 @@ now_ms (void)
 }
 
 /* Wait until fd is ready for events or deadline (ms) passes: 0,
- * -ETIMEDOUT, or -1 with why.
+ * -ETIMEDOUT, or -1 with why.  In slices of REQUEST_WAIT_SLICE_NS, after
+ * each of which it looks at *drop: the loop wanting the connection closed
+ * (an abandon: a clone's stop, keep_only) cannot reach a worker asleep
+ * in poll, and a hung server would keep it there up to remote-timeout.
+ * Given up, the connection and its clone go to the loop as after any
+ * fault (nbd_conn_give_up), where the abandon finds the clone.
  */
 static int
-wait_fd (int fd, short events, uint64_t deadline, char *why, size_t whylen)
+wait_fd (int fd, short events, uint64_t deadline, const _Atomic bool *drop,
+         char *why, size_t whylen)
 {
+  const uint64_t slice = REQUEST_WAIT_SLICE_NS / 1000000;
+
   for (;;) {
     struct pollfd p = { .fd = fd, .events = events };
     uint64_t now = now_ms ();
@@ -612,9 +622,13 @@ wait_fd (int fd, short events, uint64_t deadline, char *why, size_t whylen)
 
     if (now >= deadline)
       return -ETIMEDOUT;
-    r = poll (&p, 1, (int) MIN (deadline - now, (uint64_t) INT_MAX));
+    r = poll (&p, 1, (int) MIN (deadline - now, slice));
     if (r > 0)
       return 0;                 /* ready, or HUP/ERR: the call says */
+    if (r == 0 && atomic_load (drop)) {
+      snprintf (why, whylen, "the connection is wanted closed");
+      return -1;
+    }
     if (r == -1 && errno != EINTR) {
       snprintf (why, whylen, "poll: %s", strerror (errno));
       return -1;
@@ -641,7 +655,7 @@ iov_from (struct iovec *iov, unsigned char *hdr, size_t hlen, char *buf,
 int
 nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
                  uint64_t offset, uint32_t len, double timeout,
-                 char *why, size_t whylen)
+                 const _Atomic bool *drop, char *why, size_t whylen)
 {
   unsigned char hdr[NBD_REQUEST_SIZE], rep[NBD_REPLY_SIZE];
   uint16_t type = put_request (hdr, op, flags, INLINE_COOKIE, offset, len);
@@ -672,7 +686,7 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
       snprintf (why, whylen, "send: %s", strerror (errno));
       return -1;
     }
-    if ((w = wait_fd (fd, POLLOUT, deadline, why, whylen)) != 0)
+    if ((w = wait_fd (fd, POLLOUT, deadline, drop, why, whylen)) != 0)
       return w;
   }
 
@@ -683,7 +697,7 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
   done = 0;
   total = NBD_REPLY_SIZE + dlen;
   while (done < total) {
-    if ((w = wait_fd (fd, POLLIN, deadline, why, whylen)) != 0)
+    if ((w = wait_fd (fd, POLLIN, deadline, drop, why, whylen)) != 0)
       return w;
     msg.msg_iovlen = iov_from (iov, rep, NBD_REPLY_SIZE, buf,
                                total - NBD_REPLY_SIZE, done);

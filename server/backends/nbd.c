@@ -658,7 +658,7 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
   /* A flush covers the writes whose replies came before it is sent. */
   ack_mark = atomic_load (&nb->ack_clock);
   r = nbd_wire_inline (conn->inline_fd, op, flags, buf, c->offset, len,
-                       nb->timeout, why, sizeof why);
+                       nb->timeout, &conn->drop_wanted, why, sizeof why);
   if (r == -ETIMEDOUT || r == -1 || connection_error (r)) {
     /* The log says which path saw it: "... (inline)". */
     char msg[sizeof why + 16];
