@@ -223,6 +223,7 @@ enum flush_plan {
 
 struct flush_slot {
   struct backend *be;
+  void *owner;                  /* the end_io_ctx of a flush it starts */
   uint64_t target;              /* write_gen when the request came */
   uint64_t seq;
   enum flush_plan plan;
@@ -257,6 +258,7 @@ flush_decide (struct flush_slot *s, struct io_req *req)
     f->nr_flushes++;
     *c = (struct clone) {
       .req = req, .be = s->be, .op = IO_FLUSH, .seq = f->running_seq,
+      .end_io_ctx = s->owner,
     };
     /* Its result comes through req; joining our own flush also gives
      * this backend's own result (io_flush_backends_seen's errs).
@@ -287,9 +289,25 @@ io_flush_backends (struct backend *const *bes, size_t n)
   return io_flush_backends_seen (bes, n, NULL, UINT64_MAX);
 }
 
+static int flush_backends (struct backend *const *bes, size_t n, int *errs,
+                           uint64_t seen, void *owner);
+
 int
 io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
                         uint64_t seen)
+{
+  return flush_backends (bes, n, errs, seen, NULL);
+}
+
+int
+io_flush_backend_owned (struct backend *be, void *owner)
+{
+  return flush_backends (&be, 1, NULL, UINT64_MAX, owner);
+}
+
+static int
+flush_backends (struct backend *const *bes, size_t n, int *errs,
+                uint64_t seen, void *owner)
 {
   struct flush_slot inline_slots[IO_INLINE_CLONES];
   struct flush_slot *slots = inline_slots;
@@ -304,7 +322,8 @@ io_flush_backends_seen (struct backend *const *bes, size_t n, int *errs,
   }
   for (i = 0; i < n; i++)
     slots[i] = (struct flush_slot) {
-      .be = bes[i], .target = atomic_load (&bes[i]->flush.write_gen),
+      .be = bes[i], .owner = owner,
+      .target = atomic_load (&bes[i]->flush.write_gen),
       .plan = PLAN_DECIDE,
     };
   if (errs)

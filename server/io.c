@@ -289,21 +289,6 @@ io_sync_end_io (enum io_op op, struct backend *be, uint64_t offset,
 }
 
 int
-io_sync_owned (enum io_op op, struct backend *be, uint64_t offset,
-               uint64_t len, char *buf, void *owner)
-{
-  struct io_req req;
-  int r;
-
-  io_req_init (&req, op, 0);
-  r = io_emit_end_io (&req, be, offset, len, buf, NULL, owner, 0);
-  if (r == 0)
-    r = io_req_run (&req);
-  io_req_release (&req);
-  return r;
-}
-
-int
 io_sync (enum io_op op, struct backend *be, uint64_t offset, uint64_t len,
          char *buf, uint32_t flags)
 {

@@ -385,14 +385,17 @@ uint64_t io_req_start_ns (struct io_req *req);
 int io_sync_end_io (enum io_op op, struct backend *be, uint64_t offset,
                     uint64_t len, char *buf, clone_end_io_fn end_io,
                     void *ctx, uint64_t arg);
-/* io.c: io_sync (no flags) of a clone owned by owner (its end_io_ctx,
- * with no hook): backend_abandon (be, owner) gives it up (-EIO) from
- * another thread, yet it does not fail fast: it waits out a lost
- * connection as a client's would.  For I/O that only a stop gives up
- * (clone's commit flush).  0 or -errno.
+/* flush.c: io_flush_backends for be alone (flush.c's bookkeeping: none
+ * when be is clean, shared with concurrent flushes, and counted, so the
+ * client flush beside it skips be in turn), except that a backend flush
+ * it starts is owned by owner (its clone's end_io_ctx, with no hook):
+ * backend_abandon (be, owner) gives it up (-EIO, failing whoever shared
+ * it, as any failed flush) from another thread, yet it does not fail
+ * fast: it waits out a lost connection as a client's would.  A flush it
+ * joins is not its own and is waited for.  For a flush that only a stop
+ * gives up (clone's commit).  0 or -errno.
  */
-int io_sync_owned (enum io_op op, struct backend *be, uint64_t offset,
-                   uint64_t len, char *buf, void *owner);
+int io_flush_backend_owned (struct backend *be, void *owner);
 
 /* bounce.c: per-thread scratch buffers for transformed data (the
  * client's write buffer is const).  bounce_get returns at least len

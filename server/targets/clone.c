@@ -229,8 +229,10 @@ clone_commit (struct clone_state *s, struct clone_c *c)
   if (!any)
     goto out;
   /* The copies (and overwrites) of those regions durable first: a
-   * flush of s's own, which a stop can give up (backend_abandon,
-   * wait_workers) where a shared flush could only be waited out.
+   * flush that s owns when it starts one, which a stop can give up
+   * (backend_abandon, wait_workers), and that the flush bookkeeping
+   * counts, so that the client flush beside a commit skips a clean
+   * destination (one flush per backend, as dm's dest_dev_flushed).
    */
   pthread_mutex_lock (&s->lock);
   given_up = atomic_load (&s->commit_cancel);
@@ -240,7 +242,7 @@ clone_commit (struct clone_state *s, struct clone_c *c)
   }
   pthread_mutex_unlock (&s->lock);
   if (!given_up) {
-    r = io_sync_owned (IO_FLUSH, c->dest_be, 0, 0, NULL, s);
+    r = io_flush_backend_owned (c->dest_be, s);
     pthread_mutex_lock (&s->lock);
     s->flushing = false;
     pthread_cond_broadcast (&s->cond);
