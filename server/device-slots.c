@@ -211,14 +211,15 @@ device_load (struct device *dev, struct table *t)
 
 /* The swap, under dev->lock: dev->live has just replaced old.  The
  * targets' events now reach dev from the live table only, and the swap
- * is an event itself.
+ * is an event itself.  sw was prepared for dev->live before the drain;
+ * stats_swap_done follows once the gate is open.
  */
 static void
-live_swapped (struct device *dev, struct table *old)
+live_swapped (struct device *dev, struct table *old, struct stats_swap *sw)
 {
   table_bind (old, NULL);
   table_bind (dev->live, dev);
-  stats_swap (dev, dev->live);
+  stats_swap (dev, sw);
   device_event (dev);
 }
 
@@ -280,6 +281,7 @@ device_resume_swapped (struct device *dev, bool *swapped,
 {
   backend_vector dropped = empty_vector;
   struct table *old = NULL;
+  struct stats_swap sw;
   int r;
 
   if (swapped)
@@ -302,9 +304,11 @@ device_resume_swapped (struct device *dev, bool *swapped,
     mapper_err_prefix (err, "device '%s'", dev->name);
     return r;
   }
+  stats_swap_prepare (&sw, dev->inactive);
   if (dev->inactive) {
     if (dropped_backends (dev->live, dev->inactive, &dropped) < 0) {
       pthread_mutex_unlock (&dev->lock);
+      stats_swap_done (dev, &sw);
       backend_vector_reset (&dropped);
       mapper_err_set (err, "out of memory");
       return -ENOMEM;
@@ -315,6 +319,7 @@ device_resume_swapped (struct device *dev, bool *swapped,
      */
     if ((r = suspend_locked (dev, false)) < 0) {
       pthread_mutex_unlock (&dev->lock);
+      stats_swap_done (dev, &sw);
       backend_vector_reset (&dropped);
       mapper_err_set (err, "device '%s': flush before the swap failed: %s: "
                       "the live table stays, the new one inactive",
@@ -324,16 +329,18 @@ device_resume_swapped (struct device *dev, bool *swapped,
     old = dev->live;
     dev->live = dev->inactive;
     dev->inactive = NULL;
-    live_swapped (dev, old);
+    live_swapped (dev, old, &sw);
     if (swapped)
       *swapped = true;
   }
   if (dev->live == NULL) {
     pthread_mutex_unlock (&dev->lock);
+    stats_swap_done (dev, &sw);
     mapper_err_set (err, "device '%s' has no table to resume", dev->name);
     return -ENXIO;
   }
   unsuspend_locked (dev);
+  stats_swap_done (dev, &sw);
   pthread_mutex_unlock (&dev->lock);
   r = flush_dropped (dev, &dropped, old, err);
   table_free (old);
@@ -364,6 +371,7 @@ device_replace (struct device *dev, struct table *t, bool *swapped,
 {
   struct table *old_live, *old_inactive;
   backend_vector dropped = empty_vector;
+  struct stats_swap sw;
   uint64_t t0, t1;
   int r;
 
@@ -401,18 +409,22 @@ device_replace (struct device *dev, struct table *t, bool *swapped,
       return r;
     }
   }
-  /* Suspended only for the drain. */
+  /* Suspended only for the drain and the swap: what can be made or
+   * summed outside the window is (stats_swap_prepare, stats_swap_done).
+   */
+  stats_swap_prepare (&sw, t);
   t0 = monotonic_ns ();
   suspend_locked (dev, true);   /* noflush: cannot fail */
   old_live = dev->live;
   old_inactive = dev->inactive;
   dev->live = t;
   dev->inactive = NULL;
-  live_swapped (dev, old_live);
+  live_swapped (dev, old_live, &sw);
   if (swapped)
     *swapped = true;
   unsuspend_locked (dev);
   t1 = monotonic_ns ();
+  stats_swap_done (dev, &sw);
   pthread_mutex_unlock (&dev->lock);
   /* Writes that went to backends the new table no longer uses are
    * durable before replace returns, or replace says they may not be.

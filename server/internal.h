@@ -365,8 +365,20 @@ void stats_io_targets (struct stats_io *sio, size_t first, size_t end);
 void stats_io_end (struct stats_io *sio, enum io_op op, uint64_t offset,
                    uint64_t count, const struct table *t, size_t first,
                    size_t end);
-/* The swap to t (NULL: none), under dev->lock with nothing in flight. */
-void stats_swap (struct device *dev, const struct table *t);
+/* The swap to t: stats_swap_prepare (t NULL: none) under dev->lock
+ * before the drain, stats_swap in the window (nothing in flight),
+ * stats_swap_done after the gate opened, dev->lock still held; done
+ * alone (no swap made) frees what prepare made.
+ */
+struct stats_swap {
+  struct stats_set *old, *s;
+  bool lost;                    /* out of memory for s */
+  bool installed;               /* s is dev->stats */
+  uint64_t now;                 /* the swap's time */
+};
+void stats_swap_prepare (struct stats_swap *sw, const struct table *t);
+void stats_swap (struct device *dev, struct stats_swap *sw);
+void stats_swap_done (struct device *dev, struct stats_swap *sw);
 void stats_free (struct device *dev);
 
 /* extents.c: the walk's state (device_extents starts it). */
