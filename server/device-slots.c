@@ -9,10 +9,29 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include "internal.h"
 
 /* --- the request gate ------------------------------------------------ */
+
+/* dev's wait conditions (dev->lock held), made by the first wait that
+ * needs them; NULL if out of memory.  Wakers look under the same lock:
+ * none, nobody waits.
+ */
+static struct device_waits *
+waits_locked (struct device *dev)
+{
+  struct device_waits *w = dev->waits;
+
+  if (w == NULL && (w = malloc (sizeof *w)) != NULL) {
+    pthread_cond_init (&w->gate, NULL);   /* clockwait: CLOCK_MONOTONIC */
+    pthread_cond_init (&w->drain, NULL);
+    dev->waits = w;
+  }
+  return w;
+}
 
 struct table *
 device_enter (struct device *dev)
@@ -30,14 +49,18 @@ device_enter (struct device *dev)
     device_exit (dev);
 
     /* Held until resume, which may never come: a request whose client
-     * has gone, or on a server that is stopping, is given up instead.
+     * has gone, or on a server that is stopping, is given up instead
+     * (and one that cannot wait for want of memory).
      */
     pthread_mutex_lock (&dev->lock);
-    while (atomic_load (&dev->suspended))
-      if (request_wait (&dev->gate_cond, &dev->lock, 0, &asked) < 0) {
+    while (atomic_load (&dev->suspended)) {
+      struct device_waits *w = waits_locked (dev);
+
+      if (w == NULL || request_wait (&w->gate, &dev->lock, 0, &asked) < 0) {
         pthread_mutex_unlock (&dev->lock);
         return NULL;
       }
+    }
     pthread_mutex_unlock (&dev->lock);
   }
 }
@@ -51,7 +74,8 @@ device_exit (struct device *dev)
      * requests held at the gate wait for a resume).
      */
     pthread_mutex_lock (&dev->lock);
-    pthread_cond_broadcast (&dev->drain_cond);
+    if (dev->waits)
+      pthread_cond_broadcast (&dev->waits->drain);
     pthread_mutex_unlock (&dev->lock);
   }
 }
@@ -62,7 +86,8 @@ unsuspend_locked (struct device *dev)
 {
   table_resume (dev->live);     /* background work (mirror resync) */
   atomic_store (&dev->suspended, false);
-  pthread_cond_broadcast (&dev->gate_cond);
+  if (dev->waits)
+    pthread_cond_broadcast (&dev->waits->gate);
 }
 
 /* The outer lock this thread holds around a swap (the control export's,
@@ -84,19 +109,36 @@ device_set_drain_unlock (void (*fn) (bool relock))
  * (outer lock, then dev->lock) is kept by taking the outer one back
  * with dev->lock released.
  */
+/* One wait for the drain (dev->lock held): on waits->drain, or a short
+ * sleep if there is no memory for it.
+ */
+static void
+drain_wait (struct device *dev)
+{
+  struct device_waits *w = waits_locked (dev);
+
+  if (w) {
+    pthread_cond_wait (&w->drain, &dev->lock);
+    return;
+  }
+  pthread_mutex_unlock (&dev->lock);
+  nanosleep (&(struct timespec) { .tv_nsec = 1000000 }, NULL);
+  pthread_mutex_lock (&dev->lock);
+}
+
 static void
 drain_locked (struct device *dev)
 {
   while (atomic_load (&dev->inflight) != 0) {
     if (drain_unlock == NULL) {
-      pthread_cond_wait (&dev->drain_cond, &dev->lock);
+      drain_wait (dev);
       continue;
     }
     pthread_mutex_unlock (&dev->lock);
     drain_unlock (false);
     pthread_mutex_lock (&dev->lock);
     while (atomic_load (&dev->inflight) != 0)
-      pthread_cond_wait (&dev->drain_cond, &dev->lock);
+      drain_wait (dev);
     pthread_mutex_unlock (&dev->lock);
     drain_unlock (true);
     pthread_mutex_lock (&dev->lock);

@@ -294,9 +294,10 @@ table_free (struct table *t)
       t->targets[i].type->dtr (&t->targets[i]);
   for (size_t i = 0; i < t->backends.len; i++)
     backend_put (t->backends.ptr[i]);
+  if (t->flushed.ptr != t->backends.ptr)   /* not the backends' array */
+    backend_vector_reset (&t->flushed);
   backend_vector_reset (&t->backends);
   backend_vector_reset (&t->read_only_uses);
-  backend_vector_reset (&t->flushed);
   stack_use_vector_reset (&t->stack_uses);
   free (t->targets);
   free (t->ends);
@@ -540,6 +541,18 @@ table_parse (const char *text, const char *origin, struct table **out,
       t->backends.cap = t->backends.len;
     }
   }
+  /* Most tables flush every backend they have, in the same order: the
+   * flushed list is then the backends' own array (cap 0, never freed
+   * as flushed's), not an allocation of each idle device's table.
+   */
+  if (t->flushed.len == t->backends.len && t->flushed.len > 0 &&
+      memcmp (t->flushed.ptr, t->backends.ptr,
+              t->flushed.len * sizeof t->flushed.ptr[0]) == 0) {
+    backend_vector_reset (&t->flushed);
+    t->flushed.ptr = t->backends.ptr;
+    t->flushed.len = t->backends.len;
+    t->flushed.cap = 0;
+  }
   if (table_build_index (t) < 0) {
     mapper_err_set (err, "%s: out of memory", origin);
     r = -ENOMEM;
@@ -670,7 +683,7 @@ table_find_target (const struct table *t, uint64_t off)
 /* Protects every table's device pointer and is held while an event is
  * raised through it, so that the swap unbinding a table, or the free of
  * its device, waits for an event in flight on it (dm's _event_lock).
- * Order: dev->lock, then this, then dev->event_lock.
+ * Order: dev->lock, then this, then device_events_lock.
  */
 static pthread_mutex_t table_event_lock = PTHREAD_MUTEX_INITIALIZER;
 
