@@ -176,22 +176,25 @@ struct table {
    */
   uint64_t **levels;
   unsigned depth;
+  unsigned nr_path_flushers;    /* targets whose type has .paths */
+  unsigned nr_flush_hooks;      /* targets with a flush() hook */
   bool has_flush_failed;        /* some target has flush_failed() */
   bool read_only;               /* table_set_read_only: no writes */
   backend_vector backends;      /* distinct, each referenced once */
-  /* Those of backends that only target_get_backend_read_only asked for
-   * (no reference of their own): left out of the write capabilities.
+  /* While table_parse builds the table (NULL after): those of backends
+   * that only target_get_backend_read_only asked for (no reference of
+   * their own), left out of the write capabilities.  On the builder's
+   * stack: a built table keeps no 24 bytes of it.
    */
-  backend_vector read_only_uses;
+  backend_vector *read_only_uses;
   /* Those of backends the engine flushes (and looks at the error stamps
    * of): all but the paths of targets that flush their own
-   * (target_get_path).  No references of its own.
+   * (target_get_path).  No references of its own; the backends' array
+   * itself (cap 0) when it is all of them in order (table_parse).
    */
   backend_vector flushed;
-  size_t nr_path_flushers;      /* targets whose type has .paths */
   stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;
-  size_t nr_flush_hooks;        /* targets with a flush() hook */
 
   /* The device whose live table this is, NULL while it is not live
    * (loaded, or replaced): where target_event sends the targets'

@@ -139,8 +139,8 @@ note_stack_use (struct table *t, struct backend *be, uint64_t end,
 static ssize_t
 read_only_index (const struct table *t, const struct backend *be)
 {
-  for (size_t i = 0; i < t->read_only_uses.len; i++)
-    if (t->read_only_uses.ptr[i] == be)
+  for (size_t i = 0; t->read_only_uses && i < t->read_only_uses->len; i++)
+    if (t->read_only_uses->ptr[i] == be)
       return i;
   return -1;
 }
@@ -202,11 +202,12 @@ get_backend (struct target *ti, const char *spec, uint64_t start,
     ssize_t k = read_only_index (t, be);
     backend_put (be);
     if (!read_only && k >= 0)
-      backend_vector_remove (&t->read_only_uses, k);
+      backend_vector_remove (t->read_only_uses, k);
   }
   else if (backend_vector_append (&t->backends, be) == -1 ||
-           (read_only &&
-            backend_vector_append (&t->read_only_uses, be) == -1)) {
+           (read_only && (t->read_only_uses == NULL ||
+                          backend_vector_append (t->read_only_uses,
+                                                 be) == -1))) {
     if (t->backends.len && t->backends.ptr[t->backends.len - 1] == be)
       t->backends.len--;
     backend_put (be);
@@ -297,7 +298,6 @@ table_free (struct table *t)
   if (t->flushed.ptr != t->backends.ptr)   /* not the backends' array */
     backend_vector_reset (&t->flushed);
   backend_vector_reset (&t->backends);
-  backend_vector_reset (&t->read_only_uses);
   stack_use_vector_reset (&t->stack_uses);
   free (t->targets);
   free (t->ends);
@@ -478,6 +478,7 @@ table_parse (const char *text, const char *origin, struct table **out,
     struct text_copy copy_ = { strdup (text), strlen (text) };
   char *copy = copy_.p;
   string_vector words = empty_vector;
+  backend_vector read_only_uses = empty_vector;
   struct table *t;
   char *line, *next;
   size_t lineno = 0, nr_lines, bytes;
@@ -490,6 +491,7 @@ table_parse (const char *text, const char *origin, struct table **out,
     mapper_err_set (err, "%s: out of memory", origin);
     return -ENOMEM;
   }
+  t->read_only_uses = &read_only_uses;
 
   /* The targets' array, exactly sized and cache-line aligned: each
    * target is constructed in its final place (a target's private data
@@ -563,6 +565,8 @@ table_parse (const char *text, const char *origin, struct table **out,
     t->nr_path_flushers += t->targets[i].type->paths;
   }
   table_merge_caps (t);
+  t->read_only_uses = NULL;
+  backend_vector_reset (&read_only_uses);
   string_vector_reset (&words);
   *out = t;
   return 0;
@@ -570,6 +574,8 @@ table_parse (const char *text, const char *origin, struct table **out,
  err_line:
   mapper_err_prefix (err, "%s:%zu", origin, lineno);
  err:
+  t->read_only_uses = NULL;
+  backend_vector_reset (&read_only_uses);
   string_vector_reset (&words);
   table_free (t);
   return r;
