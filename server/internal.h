@@ -373,6 +373,8 @@ struct stats_io {
 };
 void stats_io_start (struct stats_io *sio, struct device *dev,
                      const struct table *t);
+/* It is a flush (device_flush, after stats_io_start). */
+void stats_io_flush (struct stats_io *sio);
 /* It touches targets [first, end) of the live table. */
 void stats_io_targets (struct stats_io *sio, size_t first, size_t end);
 void stats_io_end (struct stats_io *sio, enum io_op op, uint64_t offset,
