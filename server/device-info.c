@@ -199,13 +199,21 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
   return r;
 }
 
+/* One lock and condition for every device's events (the waits use
+ * pthread_cond_clockwait on CLOCK_MONOTONIC, whatever the condition's
+ * clock): a device costs no 88 bytes of them, and a waiter woken by
+ * another device's event looks at its own counter and sleeps again.
+ */
+pthread_mutex_t device_events_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t device_events_cond = PTHREAD_COND_INITIALIZER;
+
 void
 device_event (struct device *dev)
 {
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->event_lock);
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&device_events_lock);
 
   atomic_fetch_add (&dev->event_nr, 1);
-  pthread_cond_broadcast (&dev->event_cond);
+  pthread_cond_broadcast (&device_events_cond);
 }
 
 int
@@ -213,7 +221,7 @@ device_wait_event (struct device *dev, uint64_t event_nr,
                    int64_t timeout_ms, uint64_t *now,
                    struct mapper_err *err)
 {
-  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->event_lock);
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&device_events_lock);
   uint64_t deadline = 0, asked = 0;
 
   /* A timeout past the clock's range (some 500 years) is none. */
@@ -225,7 +233,7 @@ device_wait_event (struct device *dev, uint64_t event_nr,
          !atomic_load (&dev->removed) &&
          !(deadline && monotonic_ns () >= deadline))
     /* Without a timeout too: not past a stop or the client's going. */
-    if (request_wait (&dev->event_cond, &dev->event_lock, deadline,
+    if (request_wait (&device_events_cond, &device_events_lock, deadline,
                       &asked) < 0) {
       *now = atomic_load (&dev->event_nr);
       mapper_err_set (err, "device '%s': wait given up: the server is "

@@ -236,6 +236,7 @@ device_flush_errseq (struct device *dev, uint32_t flags,
   if (t == NULL)
     return -ESHUTDOWN;
   stats_io_start (&sio, dev, t);
+  stats_io_flush (&sio);
   /* Targets that delay or fail flushes (delay, flakey) first. */
   if (t->nr_flush_hooks)
     r = table_flush_hooks (t, flags);

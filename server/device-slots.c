@@ -9,10 +9,29 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include "internal.h"
 
 /* --- the request gate ------------------------------------------------ */
+
+/* dev's wait conditions (dev->lock held), made by the first wait that
+ * needs them; NULL if out of memory.  Wakers look under the same lock:
+ * none, nobody waits.
+ */
+static struct device_waits *
+waits_locked (struct device *dev)
+{
+  struct device_waits *w = dev->waits;
+
+  if (w == NULL && (w = malloc (sizeof *w)) != NULL) {
+    pthread_cond_init (&w->gate, NULL);   /* clockwait: CLOCK_MONOTONIC */
+    pthread_cond_init (&w->drain, NULL);
+    dev->waits = w;
+  }
+  return w;
+}
 
 struct table *
 device_enter (struct device *dev)
@@ -30,14 +49,18 @@ device_enter (struct device *dev)
     device_exit (dev);
 
     /* Held until resume, which may never come: a request whose client
-     * has gone, or on a server that is stopping, is given up instead.
+     * has gone, or on a server that is stopping, is given up instead
+     * (and one that cannot wait for want of memory).
      */
     pthread_mutex_lock (&dev->lock);
-    while (atomic_load (&dev->suspended))
-      if (request_wait (&dev->gate_cond, &dev->lock, 0, &asked) < 0) {
+    while (atomic_load (&dev->suspended)) {
+      struct device_waits *w = waits_locked (dev);
+
+      if (w == NULL || request_wait (&w->gate, &dev->lock, 0, &asked) < 0) {
         pthread_mutex_unlock (&dev->lock);
         return NULL;
       }
+    }
     pthread_mutex_unlock (&dev->lock);
   }
 }
@@ -51,7 +74,8 @@ device_exit (struct device *dev)
      * requests held at the gate wait for a resume).
      */
     pthread_mutex_lock (&dev->lock);
-    pthread_cond_broadcast (&dev->drain_cond);
+    if (dev->waits)
+      pthread_cond_broadcast (&dev->waits->drain);
     pthread_mutex_unlock (&dev->lock);
   }
 }
@@ -62,7 +86,8 @@ unsuspend_locked (struct device *dev)
 {
   table_resume (dev->live);     /* background work (mirror resync) */
   atomic_store (&dev->suspended, false);
-  pthread_cond_broadcast (&dev->gate_cond);
+  if (dev->waits)
+    pthread_cond_broadcast (&dev->waits->gate);
 }
 
 /* The outer lock this thread holds around a swap (the control export's,
@@ -84,19 +109,36 @@ device_set_drain_unlock (void (*fn) (bool relock))
  * (outer lock, then dev->lock) is kept by taking the outer one back
  * with dev->lock released.
  */
+/* One wait for the drain (dev->lock held): on waits->drain, or a short
+ * sleep if there is no memory for it.
+ */
+static void
+drain_wait (struct device *dev)
+{
+  struct device_waits *w = waits_locked (dev);
+
+  if (w) {
+    pthread_cond_wait (&w->drain, &dev->lock);
+    return;
+  }
+  pthread_mutex_unlock (&dev->lock);
+  nanosleep (&(struct timespec) { .tv_nsec = 1000000 }, NULL);
+  pthread_mutex_lock (&dev->lock);
+}
+
 static void
 drain_locked (struct device *dev)
 {
   while (atomic_load (&dev->inflight) != 0) {
     if (drain_unlock == NULL) {
-      pthread_cond_wait (&dev->drain_cond, &dev->lock);
+      drain_wait (dev);
       continue;
     }
     pthread_mutex_unlock (&dev->lock);
     drain_unlock (false);
     pthread_mutex_lock (&dev->lock);
     while (atomic_load (&dev->inflight) != 0)
-      pthread_cond_wait (&dev->drain_cond, &dev->lock);
+      drain_wait (dev);
     pthread_mutex_unlock (&dev->lock);
     drain_unlock (true);
     pthread_mutex_lock (&dev->lock);
@@ -211,14 +253,15 @@ device_load (struct device *dev, struct table *t)
 
 /* The swap, under dev->lock: dev->live has just replaced old.  The
  * targets' events now reach dev from the live table only, and the swap
- * is an event itself.
+ * is an event itself.  sw was prepared for dev->live before the drain;
+ * stats_swap_done follows once the gate is open.
  */
 static void
-live_swapped (struct device *dev, struct table *old)
+live_swapped (struct device *dev, struct table *old, struct stats_swap *sw)
 {
   table_bind (old, NULL);
   table_bind (dev->live, dev);
-  stats_swap (dev, dev->live);
+  stats_swap (dev, sw);
   device_event (dev);
 }
 
@@ -280,6 +323,7 @@ device_resume_swapped (struct device *dev, bool *swapped,
 {
   backend_vector dropped = empty_vector;
   struct table *old = NULL;
+  struct stats_swap sw;
   int r;
 
   if (swapped)
@@ -302,9 +346,11 @@ device_resume_swapped (struct device *dev, bool *swapped,
     mapper_err_prefix (err, "device '%s'", dev->name);
     return r;
   }
+  stats_swap_prepare (&sw, dev->inactive);
   if (dev->inactive) {
     if (dropped_backends (dev->live, dev->inactive, &dropped) < 0) {
       pthread_mutex_unlock (&dev->lock);
+      stats_swap_done (dev, &sw);
       backend_vector_reset (&dropped);
       mapper_err_set (err, "out of memory");
       return -ENOMEM;
@@ -315,6 +361,7 @@ device_resume_swapped (struct device *dev, bool *swapped,
      */
     if ((r = suspend_locked (dev, false)) < 0) {
       pthread_mutex_unlock (&dev->lock);
+      stats_swap_done (dev, &sw);
       backend_vector_reset (&dropped);
       mapper_err_set (err, "device '%s': flush before the swap failed: %s: "
                       "the live table stays, the new one inactive",
@@ -324,16 +371,18 @@ device_resume_swapped (struct device *dev, bool *swapped,
     old = dev->live;
     dev->live = dev->inactive;
     dev->inactive = NULL;
-    live_swapped (dev, old);
+    live_swapped (dev, old, &sw);
     if (swapped)
       *swapped = true;
   }
   if (dev->live == NULL) {
     pthread_mutex_unlock (&dev->lock);
+    stats_swap_done (dev, &sw);
     mapper_err_set (err, "device '%s' has no table to resume", dev->name);
     return -ENXIO;
   }
   unsuspend_locked (dev);
+  stats_swap_done (dev, &sw);
   pthread_mutex_unlock (&dev->lock);
   r = flush_dropped (dev, &dropped, old, err);
   table_free (old);
@@ -364,6 +413,7 @@ device_replace (struct device *dev, struct table *t, bool *swapped,
 {
   struct table *old_live, *old_inactive;
   backend_vector dropped = empty_vector;
+  struct stats_swap sw;
   uint64_t t0, t1;
   int r;
 
@@ -401,18 +451,22 @@ device_replace (struct device *dev, struct table *t, bool *swapped,
       return r;
     }
   }
-  /* Suspended only for the drain. */
+  /* Suspended only for the drain and the swap: what can be made or
+   * summed outside the window is (stats_swap_prepare, stats_swap_done).
+   */
+  stats_swap_prepare (&sw, t);
   t0 = monotonic_ns ();
   suspend_locked (dev, true);   /* noflush: cannot fail */
   old_live = dev->live;
   old_inactive = dev->inactive;
   dev->live = t;
   dev->inactive = NULL;
-  live_swapped (dev, old_live);
+  live_swapped (dev, old_live, &sw);
   if (swapped)
     *swapped = true;
   unsuspend_locked (dev);
   t1 = monotonic_ns ();
+  stats_swap_done (dev, &sw);
   pthread_mutex_unlock (&dev->lock);
   /* Writes that went to backends the new table no longer uses are
    * durable before replace returns, or replace says they may not be.

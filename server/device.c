@@ -258,18 +258,6 @@ device_nth (size_t i)
   return i < devices.len ? devices.ptr[i] : NULL;
 }
 
-/* Wait timeouts are intervals: immune to changes of the wall clock. */
-static void
-cond_init_monotonic (pthread_cond_t *cond)
-{
-  pthread_condattr_t attr;
-
-  pthread_condattr_init (&attr);
-  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
-  pthread_cond_init (cond, &attr);
-  pthread_condattr_destroy (&attr);
-}
-
 /* A new device has no table and is suspended, as a dm device created
  * without one: load + resume make it live.
  */
@@ -297,10 +285,6 @@ device_create (const char *name, struct device **out, struct mapper_err *err)
     return -ENOMEM;
   }
   pthread_mutex_init (&dev->lock, NULL);
-  cond_init_monotonic (&dev->gate_cond);
-  cond_init_monotonic (&dev->drain_cond);
-  pthread_mutex_init (&dev->event_lock, NULL);
-  cond_init_monotonic (&dev->event_cond);
   /* Selected once: the production flush never looks at the mode. */
   dev->flush_backends = mapper_flush_per_target ? device_flush_per_target
     : device_flush_backends;
@@ -348,10 +332,11 @@ device_free (struct device *dev)
   table_free (dev->live);
   table_free (dev->inactive);
   stats_free (dev);
-  pthread_cond_destroy (&dev->event_cond);
-  pthread_mutex_destroy (&dev->event_lock);
-  pthread_cond_destroy (&dev->drain_cond);
-  pthread_cond_destroy (&dev->gate_cond);
+  if (dev->waits) {
+    pthread_cond_destroy (&dev->waits->drain);
+    pthread_cond_destroy (&dev->waits->gate);
+    free (dev->waits);
+  }
   pthread_mutex_destroy (&dev->lock);
   for (size_t i = 0; i < dev->nr_old_names; i++)
     free (dev->old_names[i]);
@@ -561,9 +546,9 @@ device_remove (struct device *dev, bool force, struct mapper_err *err)
     unregister_locked (dev);
   }
   /* Wake event waiters so they see the removal. */
-  pthread_mutex_lock (&dev->event_lock);
-  pthread_cond_broadcast (&dev->event_cond);
-  pthread_mutex_unlock (&dev->event_lock);
+  pthread_mutex_lock (&device_events_lock);
+  pthread_cond_broadcast (&device_events_cond);
+  pthread_mutex_unlock (&device_events_lock);
   device_put (dev);
   return 0;
 }

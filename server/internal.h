@@ -176,22 +176,25 @@ struct table {
    */
   uint64_t **levels;
   unsigned depth;
+  unsigned nr_path_flushers;    /* targets whose type has .paths */
+  unsigned nr_flush_hooks;      /* targets with a flush() hook */
   bool has_flush_failed;        /* some target has flush_failed() */
   bool read_only;               /* table_set_read_only: no writes */
   backend_vector backends;      /* distinct, each referenced once */
-  /* Those of backends that only target_get_backend_read_only asked for
-   * (no reference of their own): left out of the write capabilities.
+  /* While table_parse builds the table (NULL after): those of backends
+   * that only target_get_backend_read_only asked for (no reference of
+   * their own), left out of the write capabilities.  On the builder's
+   * stack: a built table keeps no 24 bytes of it.
    */
-  backend_vector read_only_uses;
+  backend_vector *read_only_uses;
   /* Those of backends the engine flushes (and looks at the error stamps
    * of): all but the paths of targets that flush their own
-   * (target_get_path).  No references of its own.
+   * (target_get_path).  No references of its own; the backends' array
+   * itself (cap 0) when it is all of them in order (table_parse).
    */
   backend_vector flushed;
-  size_t nr_path_flushers;      /* targets whose type has .paths */
   stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;
-  size_t nr_flush_hooks;        /* targets with a flush() hook */
 
   /* The device whose live table this is, NULL while it is not live
    * (loaded, or replaced): where target_event sends the targets'
@@ -245,6 +248,13 @@ struct device {
    */
   _Atomic unsigned inflight;
   _Atomic bool suspended;
+  /* A suspend (or the swap of a resume or replace) waits for the
+   * requests in flight with lock released: until it is done, what would
+   * change the live table or the gate is refused (-EBUSY), as a command
+   * that waited would hold the control export's lock meanwhile.  Under
+   * lock.
+   */
+  bool draining;
   struct table *live;
   /* The live table's statistics (stats.c): NULL until its first
    * request or clear (then set once, by whichever comes first), replaced
@@ -258,20 +268,16 @@ struct device {
   /* Protected by lock: the inactive slot, and the two waits of the slots
    * (device-slots.c), each on a condition of its own so that neither
    * wakes the other's sleepers (dm's md->wait for the drain): requests
-   * held at the gate while the device is suspended sleep on gate_cond
-   * until a resume opens it (through request_wait: a stop or their
-   * client's going gives them up), a suspender on drain_cond until the
-   * last request in flight leaves.  CLOCK_MONOTONIC, as event_cond.
+   * held at the gate while the device is suspended sleep on
+   * waits->gate until a resume opens it (through request_wait: a stop or
+   * their client's going gives them up), a suspender on waits->drain
+   * until the last request in flight leaves.  The two conditions are
+   * made by the first wait that needs one (NULL: nobody ever waited,
+   * nobody to wake) and kept until the device goes: an idle device, or
+   * one whose suspends never had to wait, costs a pointer, not 96 bytes.
    */
   pthread_mutex_t lock;
-  pthread_cond_t gate_cond;
-  pthread_cond_t drain_cond;
-  /* A suspend (or the swap of a resume or replace) waits on drain_cond,
-   * with lock released: until it is done, what would change the live
-   * table or the gate is refused (-EBUSY), as a command that waited
-   * would hold the control export's lock meanwhile.
-   */
-  bool draining;
+  struct device_waits *waits;
   struct table *inactive;
   _Atomic unsigned open_count;
   /* Backends stacking on this device (device_get_stacked): while 0, no
@@ -281,13 +287,13 @@ struct device {
   _Atomic unsigned stack_holders;
 
   /* Events (dm's md->eventq): event_nr counts the table swaps and the
-   * targets' events (target_event), moving on under event_lock, which
-   * waiters sleep on with event_cond (CLOCK_MONOTONIC).  A lock of its
-   * own: a target thread raises events while a suspend holds lock and
-   * waits for that thread.  Order: lock, table_event_lock, event_lock.
+   * targets' events (target_event), moving on under device_events_lock
+   * (one for every device: waits are rare, and a waiter wakes for any
+   * device's event and looks at its own), which waiters sleep on with
+   * device_events_cond.  Not lock: a target thread raises events while
+   * a suspend holds lock and waits for that thread.  Order: lock,
+   * table_event_lock, device_events_lock.
    */
-  pthread_mutex_t event_lock;
-  pthread_cond_t event_cond;
   _Atomic uint64_t event_nr;
 
   /* Backend errors (flush.c's errseq): the device's own observer, for
@@ -307,7 +313,7 @@ struct device {
   _Atomic unsigned refs;
   char *uuid;                   /* NULL: none */
   /* Out of the registry: set under devices_lock, and read without it by
-   * a wait for events (device_wait_event, under event_lock), which a
+   * a wait for events (device_wait_event, under device_events_lock), which a
    * remove then wakes.
    */
   _Atomic bool removed;
@@ -316,6 +322,13 @@ struct device {
   /* The registry's hash chains (device.c), under devices_lock. */
   struct device *name_next, *uuid_next;
 };
+/* device-slots.c: the conditions of a device's slot waits (dev->waits). */
+struct device_waits {
+  pthread_cond_t gate, drain;
+};
+/* device-info.c: the events' lock and condition, of every device. */
+extern pthread_mutex_t device_events_lock;
+extern pthread_cond_t device_events_cond;
 /* device-slots.c: enter/exit the live table for a request (blocks while
  * suspended).  NULL: the request was given up while held
  * (mapper_request_abandoned): fail it with -ESHUTDOWN, without
@@ -360,13 +373,27 @@ struct stats_io {
 };
 void stats_io_start (struct stats_io *sio, struct device *dev,
                      const struct table *t);
+/* It is a flush (device_flush, after stats_io_start). */
+void stats_io_flush (struct stats_io *sio);
 /* It touches targets [first, end) of the live table. */
 void stats_io_targets (struct stats_io *sio, size_t first, size_t end);
 void stats_io_end (struct stats_io *sio, enum io_op op, uint64_t offset,
                    uint64_t count, const struct table *t, size_t first,
                    size_t end);
-/* The swap to t (NULL: none), under dev->lock with nothing in flight. */
-void stats_swap (struct device *dev, const struct table *t);
+/* The swap to t: stats_swap_prepare (t NULL: none) under dev->lock
+ * before the drain, stats_swap in the window (nothing in flight),
+ * stats_swap_done after the gate opened, dev->lock still held; done
+ * alone (no swap made) frees what prepare made.
+ */
+struct stats_swap {
+  struct stats_set *old, *s;
+  bool lost;                    /* out of memory for s */
+  bool installed;               /* s is dev->stats */
+  uint64_t now;                 /* the swap's time */
+};
+void stats_swap_prepare (struct stats_swap *sw, const struct table *t);
+void stats_swap (struct device *dev, struct stats_swap *sw);
+void stats_swap_done (struct device *dev, struct stats_swap *sw);
 void stats_free (struct device *dev);
 
 /* extents.c: the walk's state (device_extents starts it). */

@@ -139,8 +139,8 @@ note_stack_use (struct table *t, struct backend *be, uint64_t end,
 static ssize_t
 read_only_index (const struct table *t, const struct backend *be)
 {
-  for (size_t i = 0; i < t->read_only_uses.len; i++)
-    if (t->read_only_uses.ptr[i] == be)
+  for (size_t i = 0; t->read_only_uses && i < t->read_only_uses->len; i++)
+    if (t->read_only_uses->ptr[i] == be)
       return i;
   return -1;
 }
@@ -202,11 +202,12 @@ get_backend (struct target *ti, const char *spec, uint64_t start,
     ssize_t k = read_only_index (t, be);
     backend_put (be);
     if (!read_only && k >= 0)
-      backend_vector_remove (&t->read_only_uses, k);
+      backend_vector_remove (t->read_only_uses, k);
   }
   else if (backend_vector_append (&t->backends, be) == -1 ||
-           (read_only &&
-            backend_vector_append (&t->read_only_uses, be) == -1)) {
+           (read_only && (t->read_only_uses == NULL ||
+                          backend_vector_append (t->read_only_uses,
+                                                 be) == -1))) {
     if (t->backends.len && t->backends.ptr[t->backends.len - 1] == be)
       t->backends.len--;
     backend_put (be);
@@ -294,9 +295,9 @@ table_free (struct table *t)
       t->targets[i].type->dtr (&t->targets[i]);
   for (size_t i = 0; i < t->backends.len; i++)
     backend_put (t->backends.ptr[i]);
+  if (t->flushed.ptr != t->backends.ptr)   /* not the backends' array */
+    backend_vector_reset (&t->flushed);
   backend_vector_reset (&t->backends);
-  backend_vector_reset (&t->read_only_uses);
-  backend_vector_reset (&t->flushed);
   stack_use_vector_reset (&t->stack_uses);
   free (t->targets);
   free (t->ends);
@@ -477,6 +478,7 @@ table_parse (const char *text, const char *origin, struct table **out,
     struct text_copy copy_ = { strdup (text), strlen (text) };
   char *copy = copy_.p;
   string_vector words = empty_vector;
+  backend_vector read_only_uses = empty_vector;
   struct table *t;
   char *line, *next;
   size_t lineno = 0, nr_lines, bytes;
@@ -489,6 +491,7 @@ table_parse (const char *text, const char *origin, struct table **out,
     mapper_err_set (err, "%s: out of memory", origin);
     return -ENOMEM;
   }
+  t->read_only_uses = &read_only_uses;
 
   /* The targets' array, exactly sized and cache-line aligned: each
    * target is constructed in its final place (a target's private data
@@ -540,6 +543,18 @@ table_parse (const char *text, const char *origin, struct table **out,
       t->backends.cap = t->backends.len;
     }
   }
+  /* Most tables flush every backend they have, in the same order: the
+   * flushed list is then the backends' own array (cap 0, never freed
+   * as flushed's), not an allocation of each idle device's table.
+   */
+  if (t->flushed.len == t->backends.len && t->flushed.len > 0 &&
+      memcmp (t->flushed.ptr, t->backends.ptr,
+              t->flushed.len * sizeof t->flushed.ptr[0]) == 0) {
+    backend_vector_reset (&t->flushed);
+    t->flushed.ptr = t->backends.ptr;
+    t->flushed.len = t->backends.len;
+    t->flushed.cap = 0;
+  }
   if (table_build_index (t) < 0) {
     mapper_err_set (err, "%s: out of memory", origin);
     r = -ENOMEM;
@@ -550,6 +565,8 @@ table_parse (const char *text, const char *origin, struct table **out,
     t->nr_path_flushers += t->targets[i].type->paths;
   }
   table_merge_caps (t);
+  t->read_only_uses = NULL;
+  backend_vector_reset (&read_only_uses);
   string_vector_reset (&words);
   *out = t;
   return 0;
@@ -557,6 +574,8 @@ table_parse (const char *text, const char *origin, struct table **out,
  err_line:
   mapper_err_prefix (err, "%s:%zu", origin, lineno);
  err:
+  t->read_only_uses = NULL;
+  backend_vector_reset (&read_only_uses);
   string_vector_reset (&words);
   table_free (t);
   return r;
@@ -670,7 +689,7 @@ table_find_target (const struct table *t, uint64_t off)
 /* Protects every table's device pointer and is held while an event is
  * raised through it, so that the swap unbinding a table, or the free of
  * its device, waits for an event in flight on it (dm's _event_lock).
- * Order: dev->lock, then this, then dev->event_lock.
+ * Order: dev->lock, then this, then device_events_lock.
  */
 static pthread_mutex_t table_event_lock = PTHREAD_MUTEX_INITIALIZER;
 

@@ -305,7 +305,7 @@ const char *target_origin (const struct target *ti);
  * table that is not live raises none and is named by its origin.  From
  * any thread, even a completion (end_io) or the resync worker while a
  * suspend waits for it: it never takes dev->lock, only two short locks
- * of its own (table_event_lock, dev->event_lock).
+ * of its own (table_event_lock, device_events_lock).
  */
 void target_event (struct target *ti, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));

@@ -4,7 +4,8 @@
  * (error table for open clients), clear, info, table/status text, wait
  * with timeout, events from targets (target_event: only from the live
  * table, logged), message routing, held requests and waits given up
- * (mapper_request_abandoned), a drain and a held request side by side,
+ * (mapper_request_abandoned), a drain and a held request side by side
+ * (their wait conditions made by the first wait, none for an idle device),
  * the benchmarks' flush per target, targets registry.
  */
 #include <config.h>
@@ -344,6 +345,8 @@ test_drain_and_gate (const char *f)
   CHECK_EQ (device_resume (up, &err), 0);
   pthread_join (tb, NULL);
   CHECK_EQ (b.rd.r, 0);
+  /* Both waited: the first wait made the conditions, kept after. */
+  CHECK (low->waits != NULL && up->waits != NULL);
 
   device_destroy (up);
   device_destroy (low);
@@ -462,6 +465,13 @@ main (void)
   CHECK (!info.suspended && info.live && !info.inactive);
   CHECK_EQ (info.event_nr, 1);
   CHECK_EQ (info.size, 1 << 20);
+  /* An idle device costs its name and its table: no wait conditions
+   * (its resume's drain had nothing to wait for), and a table that
+   * flushes each of its backends keeps no list of them of its own.
+   */
+  CHECK (dev->waits == NULL);
+  CHECK (dev->live->flushed.ptr == dev->live->backends.ptr &&
+         dev->live->flushed.len == 1);
 
   /* clear drops only the inactive slot. */
   device_load (dev, parse ("0 8 zero\n"));

@@ -308,6 +308,65 @@ main (void)
     free (total);
   }
 
+  /* A single target covers the device: its region's values are read
+   * from the device's (a request writes one region), less the flushes,
+   * which no target counts, counted and in flight.  A reload keeping
+   * it keeps its counts, one changing it starts it again.
+   */
+  {
+    struct device *one;
+    uint64_t n = THREADS;
+
+    CHECK_EQ (device_create ("one", &one, &err), 0);
+    device_load (one, unit_parse ("0 4096 zero\n"));
+    CHECK_EQ (device_resume (one, &err), 0);
+    run_workers (one);
+    s = read_stats (one, false);
+    CHECK_EQ (s.n, 2);
+    CHECK_EQ (s.len[1], 2097152);
+    for (int reg = 0; reg < 2; reg++) {
+      CHECK_EQ (s.ios[reg][MAPPER_STATS_READ], n * READS);
+      CHECK_EQ (s.bytes[reg][MAPPER_STATS_READ], n * READS * 512);
+      CHECK_EQ (s.ios[reg][MAPPER_STATS_WRITE], n * WRITES);
+      CHECK_EQ (s.bytes[reg][MAPPER_STATS_WRITE], n * WRITES * 1024);
+      CHECK_EQ (s.ios[reg][MAPPER_STATS_DISCARD], n);
+      CHECK_EQ (s.in_progress[reg], 0);
+    }
+    CHECK_EQ (s.ios[0][MAPPER_STATS_FLUSH], n);
+    CHECK_EQ (s.ios[1][MAPPER_STATS_FLUSH], 0);
+    CHECK (s.has_hist[0] && !s.has_hist[1]);
+    CHECK_EQ (device_replace (one, unit_parse ("0 4096 zero\n"), NULL,
+                              &err), 0);
+    run_workers (one);
+    s = read_stats (one, false);
+    CHECK_EQ (s.ios[1][MAPPER_STATS_READ], 2 * n * READS);
+    CHECK_EQ (s.ios[1][MAPPER_STATS_FLUSH], 0);
+    CHECK_EQ (s.in_progress[1], 0);
+    /* Two targets, then one again: the first region changed twice. */
+    CHECK_EQ (device_replace (one, unit_parse ("0 2048 zero\n2048 2048 "
+                                               "zero\n"), NULL, &err), 0);
+    run_workers (one);
+    CHECK_EQ (device_replace (one, unit_parse ("0 4096 zero\n"), NULL,
+                              &err), 0);
+    s = read_stats (one, false);
+    CHECK_EQ (s.ios[0][MAPPER_STATS_READ], 3 * n * READS);
+    CHECK_EQ (s.ios[1][MAPPER_STATS_READ], 0);
+    run_workers (one);
+    s = read_stats (one, false);
+    CHECK_EQ (s.ios[0][MAPPER_STATS_READ], 4 * n * READS);
+    CHECK_EQ (s.ios[1][MAPPER_STATS_READ], n * READS);
+    CHECK_EQ (s.ios[1][MAPPER_STATS_WRITE], n * WRITES);
+    CHECK_EQ (s.ios[0][MAPPER_STATS_FLUSH], 4 * n);
+    CHECK_EQ (s.ios[1][MAPPER_STATS_FLUSH], 0);
+    CHECK_EQ (s.in_progress[1], 0);
+    /* A clear bases the target region as any other. */
+    read_stats (one, true);
+    s = read_stats (one, false);
+    CHECK_EQ (s.ios[1][MAPPER_STATS_READ], 0);
+    CHECK_EQ (s.ios[0][MAPPER_STATS_READ], 0);
+    device_destroy (one);
+  }
+
   /* Over MAPPER_STATS_MAX_TARGET_REGIONS targets: the device only. */
   {
     size_t n = MAPPER_STATS_MAX_TARGET_REGIONS + 1, len = 0;
