@@ -16,7 +16,10 @@
 #    retried and returns the data (inline and through the loop);
 #  - a reply to a write still being sent (the server rejects it early
 #    and closes): the connection goes, named in the log, and the write
-#    is retried and lands (inline and through the loop).
+#    is retried and lands (inline and through the loop);
+#  - an inline read retried after its connection closed keeps the
+#    deadline it had inline: it fails (no server) before a read sent
+#    through the loop 2 s after it, not 2 s after that.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -177,5 +180,54 @@ assert h.pread(1 << 20, 1 << 20) == b"'"$4"'" * (1 << 20)
 }
 early m "$log" 'send: .* \(inline\)$' E
 early l "$llog" 'reply to a request still being sent \(cookie 0x[0-9a-f]{16}, error 5\)' F
+
+# --- a retried inline request keeps its deadline --------------------------
+# Mapper q (remote-timeout=8) on the proxy, all frozen: R1, a read alone,
+# goes inline; 2 s later R2, a read over both of q's targets (two clones:
+# the loop's); 2 s later the proxy goes for good.  Both are retried,
+# find no server, and fail at their deadlines: R1's is the one it had
+# inline, 2 s before R2's.  (It was given a fresh one when the loop took
+# it over, 2 s after R2's.)
+kill $proxy; wait $proxy 2>/dev/null || :
+rm -f "$tmpdir"/ctl/*
+proxy
+echo "0 2048 linear nbd+unix:///?socket=$tmpdir/p.sock 0
+2048 2048 linear nbd+unix:///?socket=$tmpdir/p.sock 2048" > "$tmpdir/q.table"
+qlog=$tmpdir/q.log
+start_server --stderr "$qlog" q -v -D nbdkit.backend.datapath=0 -t 16 \
+    mapper remote-connections=4 remote-timeout=8 "$tmpdir/q.table"
+sh_on q q 'h.pread(512, 0)'
+wait_for sh -c "[ \$(grep -c 'p.sock.*: connection [0-9]* -> up' '$qlog') -ge 4 ]" ||
+    die "deadline: not every connection of q came up"
+sh_on q q 'h.pread(512, 0); h.pread(512, 0)' || die "deadline: reads failed"
+[ "$(inlined q p.sock)" -ge 1 ] || die "deadline: nothing went inline"
+for i in $(seq 0 15); do touch "$tmpdir/ctl/freeze-$i"; done
+rm -f "$tmpdir/order"
+req ()  # NAME OFFSET LENGTH: a read on q expected to fail with EIO
+{
+    sh_on q q "
+from nbdcheck import fails_eio
+assert fails_eio(h.pread, $3, $2), '$1 worked'
+" && echo "$1" >> "$tmpdir/order"
+}
+held () { ls "$tmpdir"/ctl/held-* 2>/dev/null | wc -l; }
+req R1 0 4096 &
+r1=$!
+wait_for sh -c "[ \$(ls '$tmpdir'/ctl/held-* 2>/dev/null | wc -l) -ge 1 ]" ||
+    die "deadline: R1 did not reach the proxy"
+sleep 2
+n=$(held)
+req R2 $((2048 * 512 - 4096)) 8192 &
+r2=$!
+wait_for sh -c "[ \$(ls '$tmpdir'/ctl/held-* 2>/dev/null | wc -l) -gt $n ]" ||
+    die "deadline: R2 did not reach the proxy"
+sleep 2
+kill $proxy; wait $proxy 2>/dev/null || :
+wait $r1 || die "deadline: R1 did not fail with EIO"
+wait $r2 || die "deadline: R2 did not fail with EIO"
+grep -q 'the server closed the connection (inline)' "$qlog" ||
+    die "deadline: R1 was not inline when the server went"
+[ "$(head -1 "$tmpdir/order")" = R1 ] ||
+    { cat "$tmpdir/order"; die "deadline: R2 failed first: R1 got a new deadline"; }
 
 echo "$0: ok"

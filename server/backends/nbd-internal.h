@@ -109,6 +109,7 @@ struct nbd_conn {
   struct clone *broken_clone;   /* the worker's clone, for the loop to
                                  * retry or fail as a lost command */
   bool broken_timeout;          /* it got no reply by its deadline */
+  ev_tstamp broken_deadline;    /* its clone's (ev_time), kept on retry */
   char broken_why[160];
 };
 
@@ -270,12 +271,13 @@ void nbd_conn_check_parked (struct nbd_conn *conn);
 /* Worker side: take a parked connection of nb (NULL if none), hand it
  * back after a normal exchange, or give it up broken (why; c, if not
  * NULL, to be retried or failed by the loop as a command lost with the
- * connection).
+ * connection, until deadline, the ev_time () its inline attempt had:
+ * timed_out, it is past).
  */
 struct nbd_conn *nbd_conn_take (struct nbd_backend *nb);
 void nbd_conn_release (struct nbd_conn *conn);
 void nbd_conn_give_up (struct nbd_conn *conn, struct clone *c,
-                       bool timed_out, const char *why);
+                       ev_tstamp deadline, bool timed_out, const char *why);
 
 /* nbd-wire.c: the transmission phase on the socket (loop thread). */
 /* May h's connection go direct (plaintext, simple replies only)? */

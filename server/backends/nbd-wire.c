@@ -57,10 +57,13 @@
  *               to the loop in conn->broken_job, which takes the
  *               connection back and drops it as if the clone had been
  *               in flight on it (nbd.c's broken_run): the clone is
- *               retried elsewhere, or fails as any lost command (flushes,
- *               fail-fast clones, timeouts: EIO), and the loss counts
- *               for lost-write detection.  Nothing was left half read:
- *               no late reply can land in a buffer reissued elsewhere.
+ *               retried elsewhere, by the deadline it had inline
+ *               (remote-timeout after the worker sent it, not after the
+ *               loop took it over), or fails as any lost command
+ *               (flushes, fail-fast clones, timeouts: EIO), and the loss
+ *               counts for lost-write detection.  Nothing was left half
+ *               read: no late reply can land in a buffer reissued
+ *               elsewhere.
  *
  * The loop takes a parked connection back by compare-and-swap
  * (nbd_conn_claim, restarting its watcher) whenever it wants it:

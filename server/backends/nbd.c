@@ -598,8 +598,12 @@ broken_run (struct ioloop_job *job, int error)
   else if (c) {
     cmd->c = c;
     cmd->conn = conn;
-    /* Timed out: past its deadline now, so it fails as on_tick's do. */
-    cmd->deadline = ev_now (l) + (conn->broken_timeout ? 0 : nb->timeout);
+    /* Its deadline is the one it had inline (submitted then: a retry
+     * gets no more time than through the loop); timed out, it is past
+     * now (the worker's clock is not ev_now's), so it fails as on_tick's
+     * do.
+     */
+    cmd->deadline = conn->broken_timeout ? 0 : conn->broken_deadline;
     if (nb->outstanding++ == 0 && !ev_is_active (&nb->tick))
       ev_timer_start (l, &nb->tick);
     list_append (&conn->inflight, cmd);
@@ -630,6 +634,7 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
   enum io_op op;
   uint32_t flags;
   char *buf, why[128];
+  ev_tstamp deadline;
   int r, error;
 
   /* One request on the socket, the worker waiting for its reply: only
@@ -655,6 +660,8 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
     return false;
   }
   part_request (nb, c, 0, &op, &flags, &buf);
+  /* As the loop's cmd->deadline: remote-timeout from now. */
+  deadline = ev_time () + nb->timeout;
   /* A flush covers the writes whose replies came before it is sent. */
   ack_mark = atomic_load (&nb->ack_clock);
   r = nbd_wire_inline (conn->inline_fd, op, flags, buf, c->offset, len,
@@ -666,7 +673,7 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
               r == -ETIMEDOUT ? "request timed out (server stalled)"
               : r == -1 ? why
               : "connection lost");     /* e.g. ESHUTDOWN: the server goes */
-    nbd_conn_give_up (conn, c, r == -ETIMEDOUT, msg);
+    nbd_conn_give_up (conn, c, deadline, r == -ETIMEDOUT, msg);
   }
   else {
     error = r ? map_errno (r) : 0;
