@@ -113,6 +113,14 @@ struct nbd_conn {
   char broken_why[160];
 };
 
+/* Adaptive polling of inline replies (nbd-wire.c): one per backend. */
+struct wire_poll {
+  uint32_t max_ns;              /* read-only after open; 0: never poll */
+  _Atomic uint32_t ns;          /* the window now, 0 to max_ns */
+  _Atomic uint64_t polled;      /* replies waited for by polling first */
+  _Atomic uint64_t caught;      /* of them, complete within the window */
+};
+
 /* What the first handshake promised; a reconnection must keep it, except
  * multi-conn: without it the backend goes on with one connection.
  */
@@ -168,6 +176,7 @@ struct nbd_backend {
                                  * loop parks idle direct connections */
   struct ioloop_job pump_job;
   _Atomic uint64_t nr_inline;   /* requests done inline */
+  struct wire_poll poll;        /* their reply waits (nbd_wire_inline) */
 };
 
 #define NB(be) ((struct nbd_backend *) (be))
@@ -301,14 +310,16 @@ bool nbd_wire_has_unsent (const struct nbd_wire *w);
 /* Nothing queued, nothing awaited, nothing half read: may be parked. */
 bool nbd_wire_idle (const struct nbd_wire *w);
 /* A worker's inline exchange on the parked socket fd: one request, its
- * reply (a read's data straight into buf), within timeout seconds.
+ * reply (a read's data straight into buf), within timeout seconds,
+ * polling for the reply first as poll says (and adapting it).
  * The reply's errno (0: success), or -1 with why the connection failed
  * in why[whylen] (also once *drop is seen true while it waits), or
  * -ETIMEDOUT.
  */
 int nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
                      uint64_t offset, uint32_t len, double timeout,
-                     const _Atomic bool *drop, char *why, size_t whylen);
+                     const _Atomic bool *drop, struct wire_poll *poll,
+                     char *why, size_t whylen);
 
 /* nbd-resolve.c: make conn's handle in the resolver thread (the URI's
  * host is a name); 0, or -1 (try again later).  The handle comes back

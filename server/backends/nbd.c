@@ -38,9 +38,12 @@
 
 #include "nbd-internal.h"
 
-/* engine_set_remote; read when a backend is opened. */
+/* engine_set_remote, engine_set_remote_poll; read when a backend is
+ * opened.
+ */
 static unsigned opt_connections = 4;
 static unsigned opt_timeout = 30;
+static unsigned opt_poll_max_us = REMOTE_POLL_MAX_US_DEFAULT;
 
 void
 engine_set_remote (unsigned connections, unsigned timeout)
@@ -49,6 +52,12 @@ engine_set_remote (unsigned connections, unsigned timeout)
     opt_connections = connections;
   if (timeout)
     opt_timeout = timeout;
+}
+
+void
+engine_set_remote_poll (unsigned max_us)
+{
+  opt_poll_max_us = max_us;
 }
 
 /* --- errors ---------------------------------------------------------- */
@@ -665,7 +674,8 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
   /* A flush covers the writes whose replies came before it is sent. */
   ack_mark = atomic_load (&nb->ack_clock);
   r = nbd_wire_inline (conn->inline_fd, op, flags, buf, c->offset, len,
-                       nb->timeout, &conn->drop_wanted, why, sizeof why);
+                       nb->timeout, &conn->drop_wanted, &nb->poll,
+                       why, sizeof why);
   if (r == -ETIMEDOUT || r == -1 || connection_error (r)) {
     /* The log says which path saw it: "... (inline)". */
     char msg[sizeof why + 16];
@@ -827,9 +837,13 @@ status_run (void *arg)
   n += snprintf (s->buf + MIN ((size_t) n, s->len),
                  s->len - MIN ((size_t) n, s->len),
                  ", %u requests outstanding, %" PRIu64 " connections lost, %"
-                 PRIu64 " retries, %" PRIu64 " timeouts, %" PRIu64 " inline",
+                 PRIu64 " retries, %" PRIu64 " timeouts, %" PRIu64 " inline"
+                 " (%" PRIu64 " polled, %" PRIu64 " caught, window %u us)",
                  (unsigned) nb->outstanding, nb->nr_losses, nb->nr_retries,
-                 nb->nr_timeouts, (uint64_t) atomic_load (&nb->nr_inline));
+                 nb->nr_timeouts, (uint64_t) atomic_load (&nb->nr_inline),
+                 (uint64_t) atomic_load (&nb->poll.polled),
+                 (uint64_t) atomic_load (&nb->poll.caught),
+                 (unsigned) atomic_load (&nb->poll.ns) / 1000);
   s->used = n;
 }
 
@@ -1025,6 +1039,7 @@ nbd_backend_open (const char *spec, const char *uri, struct backend **out,
   nb->ex = ex;
   nb->probe = h;
   nb->timeout = opt_timeout;
+  nb->poll.max_ns = opt_poll_max_us * 1000;
   nb->lookup = nbd_uri_host_is_name (uri);
   nb->nr_conns = ex.multi_conn ? opt_connections : 1;
   nb->max_payload = MIN ((uint64_t) MAX_PAYLOAD, ex.block_max);
