@@ -423,7 +423,7 @@ mapper_dump_plugin (void)
   "                    (default 30).\n" \
   "remote-poll-max-us=N  A worker waiting for a remote reply polls for it\n" \
   "                    up to N microseconds (adaptively) before it\n" \
-  "                    sleeps; 0 never (default " \
+  "                    sleeps (0: never; default " \
   HELP_STR (REMOTE_POLL_MAX_US_DEFAULT) ").\n" \
   "In a table, mapper:NAME names another device of this server\n" \
   "(stacking, in process, in any file order; no cycles).\n" \
