@@ -52,7 +52,10 @@ def serve(n, c):
         if frozen:
             if not os.path.exists(os.path.join(ctl, "frozen-%d" % n)):
                 put("frozen-%d" % n, 1)
-            if c in r:
+            # Looked at again now that data came: a request sent after
+            # the test removed freeze-N (a select that began before the
+            # removal) is forwarded, not held.
+            if c in r and os.path.exists(os.path.join(ctl, "freeze-%d" % n)):
                 d = c.recv(65536)
                 if not d:
                     break

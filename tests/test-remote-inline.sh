@@ -134,7 +134,7 @@ rm -f "$tmpdir"/ctl/freeze-*
 [ "$(downs "$log" p.sock 'request timed out \(server stalled\) \(inline\)')" -eq 1 ] ||
     { grep 'up -> down' "$log"; die "stall: the log does not name an inline timeout"; }
 sh_on m p 'assert h.pread(4096, 0) == b"L" * 4096' ||
-    die "stall: the next read failed"
+    { grep 'up -> down' "$log"; die "stall: the next read failed"; }
 up_again "$log" p.sock "$n"
 
 # --- the server killed while a request waits -------------------------------
