@@ -105,6 +105,16 @@ void engine_stop (void);
  * within timeout seconds (default 30).  0 keeps the current value.
  */
 void engine_set_remote (unsigned connections, unsigned timeout);
+/* backends/nbd.c: a worker waiting for an inline request's reply polls
+ * for it (adaptively, nbd-wire.c) for up to max_us microseconds before
+ * it sleeps; 0: never.  For backends opened from now on.  Off by
+ * default: on this project's 2-CPU machine, shared with other jobs, no
+ * latency gain could be measured (bench/bench-qd1-poll), only more CPU
+ * per request; 32 is qemu's IOThreads' default.
+ */
+#define REMOTE_POLL_MAX_US_DEFAULT 0
+#define REMOTE_POLL_MAX_US_LIMIT 1000000
+void engine_set_remote_poll (unsigned max_us);
 
 /* table.c */
 int table_parse (const char *text, const char *origin,

@@ -52,4 +52,5 @@ SHELL_TESTS = \
 	test-remote-lookup.sh \
 	test-remote-direct.sh \
 	test-remote-inline.sh \
+	test-remote-inline-poll.sh \
 	test-list-exports-limit.sh

@@ -16,13 +16,21 @@
 #    retried and returns the data (inline and through the loop);
 #  - a reply to a write still being sent (the server rejects it early
 #    and closes): the connection goes, named in the log, and the write
-#    is retried and lands (inline and through the loop).
+#    is retried and lands (inline and through the loop);
+#  - an inline read retried after its connection closed keeps the
+#    deadline it had inline: it fails (no server) before a read sent
+#    through the loop 2 s after it, not 2 s after that.
+# The first mapper's inline requests poll for their replies with
+# remote-poll-max-us=$INLINE_POLL_US (0 here: none is polled, and every
+# fault above is met asleep in poll(); test-remote-inline-poll.sh runs it
+# all again polling, and checks that replies were polled for).
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
 requires python3 -c 'import nbd'
 requires timeout --version
 : "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
+poll_us=${INLINE_POLL_US:-0}
 
 f=$(mkfile r.img 64M)
 start_server r file "$f"
@@ -43,8 +51,8 @@ echo "0 131072 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
 echo "0 131072 linear nbd+unix:///?socket=$tmpdir/p.sock 0" > "$tmpdir/p.table"
 log=$tmpdir/m.log
 start_server --stderr "$log" m -v -D nbdkit.backend.datapath=0 -t 16 \
-    mapper remote-connections=4 remote-timeout=3 "$tmpdir/d.table" \
-    "$tmpdir/p.table"
+    mapper remote-connections=4 remote-timeout=3 \
+    remote-poll-max-us="$poll_us" "$tmpdir/d.table" "$tmpdir/p.table"
 llog=$tmpdir/l.log
 start_server --stderr "$llog" l -v -D nbdkit.backend.datapath=0 \
     -D mapper.inline_off=1 -t 16 \
@@ -59,6 +67,13 @@ inlined ()
         die "nbdmsetup status failed"
     sed -nE "s|.*$2.*, ([0-9]+) inline.*|\1|p" "$tmpdir/status.out" |
         grep . || { cat "$tmpdir/status.out"; die "no inline count for $2"; }
+}
+# polled SERVER SOCK: of them, those whose reply was polled for.
+polled ()
+{
+    inlined "$1" "$2" > /dev/null
+    sed -nE "s|.*$2.* inline \(([0-9]+) polled.*|\1|p" "$tmpdir/status.out" |
+        grep . || { cat "$tmpdir/status.out"; die "no polled count for $2"; }
 }
 # downs LOG SOCK PATTERN: connections of backend SOCK dropped, saying
 # PATTERN (grep -E).
@@ -76,6 +91,7 @@ sh_on m d 'h.pread(512, 0)'             # every connection up
 wait_for sh -c "[ \$(grep -c 'r.sock.*: connection [0-9]* -> up' '$log') -ge 4 ]" ||
     die "not every connection came up"
 before=$(inlined m r.sock)
+pbefore=$(polled m r.sock)
 sh_on m d '
 for i in range(100):
     h.pwrite(bytes([i]) * 4096, i * 8192)
@@ -85,6 +101,16 @@ h.flush()
 after=$(inlined m r.sock)
 [ "$after" -ge $((before + 201)) ] ||
     { cat "$tmpdir/status.out"; die "only $((after - before)) of 201 requests went inline"; }
+# Polled: after the first reply the window opens (and only a reply later
+# than remote-poll-max-us, 100 ms, would narrow it).  No count of those
+# caught by polling: that depends on time.
+pafter=$(polled m r.sock)
+if [ "$poll_us" = 0 ]; then
+    [ "$pafter" -eq 0 ] || { cat "$tmpdir/status.out"; die "polled with remote-poll-max-us=0"; }
+else
+    [ "$pafter" -gt "$pbefore" ] ||
+        { cat "$tmpdir/status.out"; die "remote-poll-max-us=$poll_us: no reply polled for"; }
+fi
 cmp -n 4096 -i 8192:0 "$f" <(head -c 4096 /dev/zero | tr '\0' '\1') ||
     die "an inline write did not reach the server"
 sh_on l p 'h.pwrite(b"L" * 4096, 0); assert h.pread(4096, 0) == b"L" * 4096' ||
@@ -177,5 +203,55 @@ assert h.pread(1 << 20, 1 << 20) == b"'"$4"'" * (1 << 20)
 }
 early m "$log" 'send: .* \(inline\)$' E
 early l "$llog" 'reply to a request still being sent \(cookie 0x[0-9a-f]{16}, error 5\)' F
+
+# --- a retried inline request keeps its deadline --------------------------
+# Mapper q (remote-timeout=8) on the proxy, all frozen: R1, a read alone,
+# goes inline; 2 s later R2, a read over both of q's targets (two clones:
+# the loop's); 2 s later the proxy goes for good.  Both are retried,
+# find no server, and fail at their deadlines: R1's is the one it had
+# inline, 2 s before R2's.  (It was given a fresh one when the loop took
+# it over, 2 s after R2's.)
+kill $proxy; wait $proxy 2>/dev/null || :
+rm -f "$tmpdir"/ctl/*
+proxy
+echo "0 2048 linear nbd+unix:///?socket=$tmpdir/p.sock 0
+2048 2048 linear nbd+unix:///?socket=$tmpdir/p.sock 2048" > "$tmpdir/q.table"
+qlog=$tmpdir/q.log
+start_server --stderr "$qlog" q -v -D nbdkit.backend.datapath=0 -t 16 \
+    mapper remote-connections=4 remote-timeout=8 \
+    remote-poll-max-us="$poll_us" "$tmpdir/q.table"
+sh_on q q 'h.pread(512, 0)'
+wait_for sh -c "[ \$(grep -c 'p.sock.*: connection [0-9]* -> up' '$qlog') -ge 4 ]" ||
+    die "deadline: not every connection of q came up"
+sh_on q q 'h.pread(512, 0); h.pread(512, 0)' || die "deadline: reads failed"
+[ "$(inlined q p.sock)" -ge 1 ] || die "deadline: nothing went inline"
+for i in $(seq 0 15); do touch "$tmpdir/ctl/freeze-$i"; done
+rm -f "$tmpdir/order"
+req ()  # NAME OFFSET LENGTH: a read on q expected to fail with EIO
+{
+    sh_on q q "
+from nbdcheck import fails_eio
+assert fails_eio(h.pread, $3, $2), '$1 worked'
+" && echo "$1" >> "$tmpdir/order"
+}
+held () { ls "$tmpdir"/ctl/held-* 2>/dev/null | wc -l; }
+req R1 0 4096 &
+r1=$!
+wait_for sh -c "[ \$(ls '$tmpdir'/ctl/held-* 2>/dev/null | wc -l) -ge 1 ]" ||
+    die "deadline: R1 did not reach the proxy"
+sleep 2
+n=$(held)
+req R2 $((2048 * 512 - 4096)) 8192 &
+r2=$!
+wait_for sh -c "[ \$(ls '$tmpdir'/ctl/held-* 2>/dev/null | wc -l) -gt $n ]" ||
+    die "deadline: R2 did not reach the proxy"
+sleep 2
+kill $proxy; wait $proxy 2>/dev/null || :
+wait $r1 || die "deadline: R1 did not fail with EIO"
+wait $r2 || die "deadline: R2 did not fail with EIO"
+grep -q 'the server closed the connection (inline)' "$qlog" ||
+    die "deadline: R1 was not inline when the server went"
+[ "$(head -1 "$tmpdir/order")" = R1 ] ||
+    { cat "$tmpdir/order"; die "deadline: R2 failed first: R1 got a new deadline"; }
 
 echo "$0: ok"

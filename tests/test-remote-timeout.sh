@@ -6,8 +6,9 @@
 # says data instead of failing; a stalled server (every read
 # delayed 20 s) fails the read with EIO instead of hanging the worker, and
 # the backend keeps serving writes on a fresh connection.  Out-of-range
-# remote-timeout and remote-connections values are refused at startup,
-# and a server that never answers the handshake fails the table load.
+# remote-timeout, remote-connections and remote-poll-max-us values are
+# refused at startup, and a server that never answers the handshake
+# fails the table load.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -37,10 +38,15 @@ refused remote-timeout=-1 "remote-timeout: negative numbers are not allowed"
 refused remote-connections=0 "remote-connections=0: must be between 1 and 64"
 refused remote-connections=65 "remote-connections=65: must be between 1 and 64"
 refused remote-connections=2x "remote-connections: could not parse number"
+refused remote-poll-max-us=1000001 "remote-poll-max-us=1000001: must be between 0 (off) and 1000000"
+refused remote-poll-max-us=-1 "remote-poll-max-us: negative numbers are not allowed"
+refused remote-poll-max-us=32us "remote-poll-max-us: could not parse number"
 # The largest values are taken.
 mapper -U - remote-timeout=86400 remote-connections=64 \
-       "$tmpdir/local.table" --run true ||
-    die "remote-timeout=86400 remote-connections=64 refused"
+       remote-poll-max-us=1000000 "$tmpdir/local.table" --run true ||
+    die "remote-timeout=86400 remote-connections=64 remote-poll-max-us=1000000 refused"
+mapper -U - remote-poll-max-us=0 "$tmpdir/local.table" --run true ||
+    die "remote-poll-max-us=0 refused"
 
 # A server that accepts and never answers: loading the table gives up
 # after remote-timeout, and says which line, target and URI.

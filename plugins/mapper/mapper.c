@@ -162,6 +162,17 @@ mapper_config (const char *key, const char *value)
     engine_set_remote (0, n);
     return 0;
   }
+  if (strcmp (key, "remote-poll-max-us") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &n) == -1)
+      return -1;
+    if (n > REMOTE_POLL_MAX_US_LIMIT) {
+      nbdkit_error ("%s=%s: must be between 0 (off) and %u", key, value,
+                    REMOTE_POLL_MAX_US_LIMIT);
+      return -1;
+    }
+    engine_set_remote_poll (n);
+    return 0;
+  }
   if ((r = control_config (key, value)) != 0)
     return r == 1 ? 0 : -1;
   nbdkit_error ("unknown parameter '%s'", key);
@@ -397,6 +408,8 @@ mapper_dump_plugin (void)
     nbd_close (nbd);
 }
 
+#define HELP_STR_(x) #x
+#define HELP_STR(x) HELP_STR_ (x)
 #define mapper_config_help \
   "[table=]FILE        A device table (repeatable); the device is named\n" \
   "                    after the file, without \".table\".  The first\n" \
@@ -408,6 +421,10 @@ mapper_dump_plugin (void)
   "remote-timeout=SECONDS  A remote request not done by then (retries\n" \
   "                    after reconnecting included) fails with EIO\n" \
   "                    (default 30).\n" \
+  "remote-poll-max-us=N  A worker waiting for a remote reply polls for it\n" \
+  "                    up to N microseconds (adaptively) before it\n" \
+  "                    sleeps (0: never; default " \
+  HELP_STR (REMOTE_POLL_MAX_US_DEFAULT) ").\n" \
   "In a table, mapper:NAME names another device of this server\n" \
   "(stacking, in process, in any file order; no cycles).\n" \
   control_config_help

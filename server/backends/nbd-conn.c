@@ -571,7 +571,7 @@ nbd_conn_take (struct nbd_backend *nb)
         !atomic_compare_exchange_strong (&conn->owner, &own, OWN_WORKER))
       continue;
     if (atomic_load (&conn->drop_wanted)) {
-      nbd_conn_give_up (conn, NULL, false, conn->drop_why);
+      nbd_conn_give_up (conn, NULL, 0, false, conn->drop_why);
       continue;
     }
     return conn;
@@ -589,16 +589,17 @@ nbd_conn_release (struct nbd_conn *conn)
   /* After the store (see nbd_conn_drop_soon and pick_conn). */
   if (atomic_load (&conn->drop_wanted) &&
       atomic_compare_exchange_strong (&conn->owner, &own, OWN_WORKER))
-    nbd_conn_give_up (conn, NULL, false, conn->drop_why);
+    nbd_conn_give_up (conn, NULL, 0, false, conn->drop_why);
   if (atomic_load (&nb->want) && !atomic_exchange (&nb->pump_queued, true))
     ioloop_queue_job (&nb->pump_job);
 }
 
 void
-nbd_conn_give_up (struct nbd_conn *conn, struct clone *c, bool timed_out,
-                  const char *why)
+nbd_conn_give_up (struct nbd_conn *conn, struct clone *c,
+                  ev_tstamp deadline, bool timed_out, const char *why)
 {
   conn->broken_clone = c;
+  conn->broken_deadline = deadline;
   conn->broken_timeout = timed_out;
   snprintf (conn->broken_why, sizeof conn->broken_why, "%s", why);
   atomic_store (&conn->broken_queued, true);

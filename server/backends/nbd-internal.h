@@ -109,7 +109,16 @@ struct nbd_conn {
   struct clone *broken_clone;   /* the worker's clone, for the loop to
                                  * retry or fail as a lost command */
   bool broken_timeout;          /* it got no reply by its deadline */
+  ev_tstamp broken_deadline;    /* its clone's (ev_time), kept on retry */
   char broken_why[160];
+};
+
+/* Adaptive polling of inline replies (nbd-wire.c): one per backend. */
+struct wire_poll {
+  uint32_t max_ns;              /* read-only after open; 0: never poll */
+  _Atomic uint32_t ns;          /* the window now, 0 to max_ns */
+  _Atomic uint64_t polled;      /* replies waited for by polling first */
+  _Atomic uint64_t caught;      /* of them, complete within the window */
 };
 
 /* What the first handshake promised; a reconnection must keep it, except
@@ -167,6 +176,7 @@ struct nbd_backend {
                                  * loop parks idle direct connections */
   struct ioloop_job pump_job;
   _Atomic uint64_t nr_inline;   /* requests done inline */
+  struct wire_poll poll;        /* their reply waits (nbd_wire_inline) */
 };
 
 #define NB(be) ((struct nbd_backend *) (be))
@@ -270,12 +280,13 @@ void nbd_conn_check_parked (struct nbd_conn *conn);
 /* Worker side: take a parked connection of nb (NULL if none), hand it
  * back after a normal exchange, or give it up broken (why; c, if not
  * NULL, to be retried or failed by the loop as a command lost with the
- * connection).
+ * connection, until deadline, the ev_time () its inline attempt had:
+ * timed_out, it is past).
  */
 struct nbd_conn *nbd_conn_take (struct nbd_backend *nb);
 void nbd_conn_release (struct nbd_conn *conn);
 void nbd_conn_give_up (struct nbd_conn *conn, struct clone *c,
-                       bool timed_out, const char *why);
+                       ev_tstamp deadline, bool timed_out, const char *why);
 
 /* nbd-wire.c: the transmission phase on the socket (loop thread). */
 /* May h's connection go direct (plaintext, simple replies only)? */
@@ -299,14 +310,16 @@ bool nbd_wire_has_unsent (const struct nbd_wire *w);
 /* Nothing queued, nothing awaited, nothing half read: may be parked. */
 bool nbd_wire_idle (const struct nbd_wire *w);
 /* A worker's inline exchange on the parked socket fd: one request, its
- * reply (a read's data straight into buf), within timeout seconds.
+ * reply (a read's data straight into buf), within timeout seconds,
+ * polling for the reply first as poll says (and adapting it).
  * The reply's errno (0: success), or -1 with why the connection failed
  * in why[whylen] (also once *drop is seen true while it waits), or
  * -ETIMEDOUT.
  */
 int nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
                      uint64_t offset, uint32_t len, double timeout,
-                     const _Atomic bool *drop, char *why, size_t whylen);
+                     const _Atomic bool *drop, struct wire_poll *poll,
+                     char *why, size_t whylen);
 
 /* nbd-resolve.c: make conn's handle in the resolver thread (the URI's
  * host is a name); 0, or -1 (try again later).  The handle comes back

@@ -57,10 +57,13 @@
  *               to the loop in conn->broken_job, which takes the
  *               connection back and drops it as if the clone had been
  *               in flight on it (nbd.c's broken_run): the clone is
- *               retried elsewhere, or fails as any lost command (flushes,
- *               fail-fast clones, timeouts: EIO), and the loss counts
- *               for lost-write detection.  Nothing was left half read:
- *               no late reply can land in a buffer reissued elsewhere.
+ *               retried elsewhere, by the deadline it had inline
+ *               (remote-timeout after the worker sent it, not after the
+ *               loop took it over), or fails as any lost command
+ *               (flushes, fail-fast clones, timeouts: EIO), and the loss
+ *               counts for lost-write detection.  Nothing was left half
+ *               read: no late reply can land in a buffer reissued
+ *               elsewhere.
  *
  * The loop takes a parked connection back by compare-and-swap
  * (nbd_conn_claim, restarting its watcher) whenever it wants it:
@@ -84,6 +87,36 @@
  * loop failed leaves the connection BROKEN, and the next attach drops
  * it.  An idle parked connection is not watched: a server that closed
  * it is seen by the next request on it, which is then retried.
+ *
+ * Adaptive polling (remote-poll-max-us, after qemu's AioContext polling
+ * of its poll-max-ns, poll-grow, poll-shrink).  A worker asleep in
+ * poll() on an idle vCPU costs a sleep and a wake-up per reply, which at
+ * queue depth 1 can cost more than the request.  So before it sleeps,
+ * the worker polls for the reply for a while: a poll is one
+ * recvmsg(MSG_DONTWAIT) into the reply's buffers, the very call that
+ * reads the reply when it has come (no extra call when it has), then a
+ * look at drop_wanted (an abandon is seen at once, without waiting for a
+ * slice) and at the clock; the window never runs past the request's
+ * deadline.  When the window is over without a whole reply, the worker
+ * sleeps in wait_fd as before.  The window (struct wire_poll) is the
+ * backend's, not a connection's: its connections lead to one server and
+ * a worker takes whichever is parked; workers update it with plain
+ * atomic stores (it is a hint: the last one wins).  It starts at 0 and
+ * adapts after each reply, from how long after the request's send it
+ * was complete (took):
+ *   - took <= window: caught while polling, no change;
+ *   - window < took <= max: missed, but would be worth catching: the
+ *     window doubles (from 0, to POLL_START_NS), up to max;
+ *   - took > max: too slow for polling to pay: the window halves, and
+ *     below POLL_START_NS it is 0, so a slow server soon costs no CPU
+ *     (and never reopens it: that takes a reply within max, which
+ *     sleeping replies rarely are then).
+ * max is remote-poll-max-us (0: never poll, nothing changes; default
+ * REMOTE_POLL_MAX_US_DEFAULT, engine.h).  The status counts replies
+ * polled for and those caught.  The send side does not poll: an inline
+ * request goes out in one non-blocking sendmsg, and only a write larger
+ * than the socket's buffer waits (POLLOUT), for longer than any window;
+ * the worker's wait for the client's next request is nbdkit's own.
  */
 #include <config.h>
 
@@ -593,12 +626,41 @@ nbd_wire_io (struct nbd_wire *w, int revents, char *why, size_t whylen)
 /* --- inline requests (a worker's, on a parked connection) ------------ */
 
 static uint64_t
-now_ms (void)
+now_ns (void)
 {
   struct timespec ts;
 
   clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static uint64_t
+now_ms (void)
+{
+  return now_ns () / 1000000;
+}
+
+/* The first window, and the smallest: below it, polling is off. */
+#define POLL_START_NS 4000
+
+/* The reply took took_ns after the request was sent, polled for window
+ * ns first: adapt the backend's window (see "Adaptive polling" above).
+ * Workers race here; the window is a hint, the last store wins.
+ */
+static void
+poll_adapt (struct wire_poll *poll, uint32_t window, uint64_t took_ns)
+{
+  uint32_t next;
+
+  if (took_ns <= window)
+    return;                     /* caught: as it should be */
+  if (took_ns > poll->max_ns)   /* too slow to catch: poll less */
+    next = window / 2 < POLL_START_NS ? 0 : window / 2;
+  else                          /* just missed: poll longer */
+    next = MIN (poll->max_ns,
+                window ? (uint64_t) window * 2 : POLL_START_NS);
+  if (next != window)
+    atomic_store_explicit (&poll->ns, next, memory_order_relaxed);
 }
 
 /* Wait until fd is ready for events or deadline (ms) passes: 0,
@@ -655,7 +717,8 @@ iov_from (struct iovec *iov, unsigned char *hdr, size_t hlen, char *buf,
 int
 nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
                  uint64_t offset, uint32_t len, double timeout,
-                 const _Atomic bool *drop, char *why, size_t whylen)
+                 const _Atomic bool *drop, struct wire_poll *poll,
+                 char *why, size_t whylen)
 {
   unsigned char hdr[NBD_REQUEST_SIZE], rep[NBD_REPLY_SIZE];
   uint16_t type = put_request (hdr, op, flags, INLINE_COOKIE, offset, len);
@@ -665,8 +728,9 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
   uint64_t deadline = now_ms () + (uint64_t) (timeout * 1000);
   struct iovec iov[2];
   struct msghdr msg = { .msg_iov = iov };
-  uint32_t error = 0;
-  bool parsed = false;
+  uint32_t error = 0, window = 0;
+  uint64_t sent = 0, poll_end = 0;
+  bool parsed = false, polling = false;
   ssize_t r;
   int w;
 
@@ -692,18 +756,42 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
 
   /* The reply: its header and a read's data in one recv when they have
    * come.  Nothing else can come on the socket: this is its only
-   * request.
+   * request.  Polled for first (a recv that finds nothing) while the
+   * window lasts, then waited for in poll().
    */
+  if (poll->max_ns) {
+    sent = now_ns ();
+    window = atomic_load_explicit (&poll->ns, memory_order_relaxed);
+    if (window) {
+      polling = true;
+      /* The window is far shorter than remote-timeout (>= 1 s), but a
+       * deadline is a deadline.
+       */
+      poll_end = MIN (sent + window, deadline * 1000000);
+      atomic_fetch_add_explicit (&poll->polled, 1, memory_order_relaxed);
+    }
+  }
   done = 0;
   total = NBD_REPLY_SIZE + dlen;
   while (done < total) {
-    if ((w = wait_fd (fd, POLLIN, deadline, drop, why, whylen)) != 0)
+    if (!polling &&
+        (w = wait_fd (fd, POLLIN, deadline, drop, why, whylen)) != 0)
       return w;
     msg.msg_iovlen = iov_from (iov, rep, NBD_REPLY_SIZE, buf,
                                total - NBD_REPLY_SIZE, done);
     r = recvmsg (fd, &msg, MSG_DONTWAIT);
     if (r == -1) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        /* Nothing yet.  An abandon is seen at once while polling. */
+        if (polling && atomic_load_explicit (drop, memory_order_relaxed)) {
+          snprintf (why, whylen, "the connection is wanted closed");
+          return -1;
+        }
+        if (polling && now_ns () >= poll_end)
+          polling = false;      /* the window is over: sleep */
+        continue;
+      }
+      if (errno == EINTR)
         continue;
       snprintf (why, whylen, "recv: %s", strerror (errno));
       return -1;
@@ -731,6 +819,11 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
       snprintf (why, whylen, "a reply no request asked for");
       return -1;
     }
+  }
+  if (poll->max_ns) {
+    if (polling)
+      atomic_fetch_add_explicit (&poll->caught, 1, memory_order_relaxed);
+    poll_adapt (poll, window, now_ns () - sent);
   }
   return error ? nbd_errno (error) : 0;
 }

@@ -38,9 +38,12 @@
 
 #include "nbd-internal.h"
 
-/* engine_set_remote; read when a backend is opened. */
+/* engine_set_remote, engine_set_remote_poll; read when a backend is
+ * opened.
+ */
 static unsigned opt_connections = 4;
 static unsigned opt_timeout = 30;
+static unsigned opt_poll_max_us = REMOTE_POLL_MAX_US_DEFAULT;
 
 void
 engine_set_remote (unsigned connections, unsigned timeout)
@@ -49,6 +52,12 @@ engine_set_remote (unsigned connections, unsigned timeout)
     opt_connections = connections;
   if (timeout)
     opt_timeout = timeout;
+}
+
+void
+engine_set_remote_poll (unsigned max_us)
+{
+  opt_poll_max_us = max_us;
 }
 
 /* --- errors ---------------------------------------------------------- */
@@ -598,8 +607,12 @@ broken_run (struct ioloop_job *job, int error)
   else if (c) {
     cmd->c = c;
     cmd->conn = conn;
-    /* Timed out: past its deadline now, so it fails as on_tick's do. */
-    cmd->deadline = ev_now (l) + (conn->broken_timeout ? 0 : nb->timeout);
+    /* Its deadline is the one it had inline (submitted then: a retry
+     * gets no more time than through the loop); timed out, it is past
+     * now (the worker's clock is not ev_now's), so it fails as on_tick's
+     * do.
+     */
+    cmd->deadline = conn->broken_timeout ? 0 : conn->broken_deadline;
     if (nb->outstanding++ == 0 && !ev_is_active (&nb->tick))
       ev_timer_start (l, &nb->tick);
     list_append (&conn->inflight, cmd);
@@ -630,6 +643,7 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
   enum io_op op;
   uint32_t flags;
   char *buf, why[128];
+  ev_tstamp deadline;
   int r, error;
 
   /* One request on the socket, the worker waiting for its reply: only
@@ -655,10 +669,13 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
     return false;
   }
   part_request (nb, c, 0, &op, &flags, &buf);
+  /* As the loop's cmd->deadline: remote-timeout from now. */
+  deadline = ev_time () + nb->timeout;
   /* A flush covers the writes whose replies came before it is sent. */
   ack_mark = atomic_load (&nb->ack_clock);
   r = nbd_wire_inline (conn->inline_fd, op, flags, buf, c->offset, len,
-                       nb->timeout, &conn->drop_wanted, why, sizeof why);
+                       nb->timeout, &conn->drop_wanted, &nb->poll,
+                       why, sizeof why);
   if (r == -ETIMEDOUT || r == -1 || connection_error (r)) {
     /* The log says which path saw it: "... (inline)". */
     char msg[sizeof why + 16];
@@ -666,7 +683,7 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
               r == -ETIMEDOUT ? "request timed out (server stalled)"
               : r == -1 ? why
               : "connection lost");     /* e.g. ESHUTDOWN: the server goes */
-    nbd_conn_give_up (conn, c, r == -ETIMEDOUT, msg);
+    nbd_conn_give_up (conn, c, deadline, r == -ETIMEDOUT, msg);
   }
   else {
     error = r ? map_errno (r) : 0;
@@ -820,9 +837,13 @@ status_run (void *arg)
   n += snprintf (s->buf + MIN ((size_t) n, s->len),
                  s->len - MIN ((size_t) n, s->len),
                  ", %u requests outstanding, %" PRIu64 " connections lost, %"
-                 PRIu64 " retries, %" PRIu64 " timeouts, %" PRIu64 " inline",
+                 PRIu64 " retries, %" PRIu64 " timeouts, %" PRIu64 " inline"
+                 " (%" PRIu64 " polled, %" PRIu64 " caught, window %u us)",
                  (unsigned) nb->outstanding, nb->nr_losses, nb->nr_retries,
-                 nb->nr_timeouts, (uint64_t) atomic_load (&nb->nr_inline));
+                 nb->nr_timeouts, (uint64_t) atomic_load (&nb->nr_inline),
+                 (uint64_t) atomic_load (&nb->poll.polled),
+                 (uint64_t) atomic_load (&nb->poll.caught),
+                 (unsigned) atomic_load (&nb->poll.ns) / 1000);
   s->used = n;
 }
 
@@ -1018,6 +1039,7 @@ nbd_backend_open (const char *spec, const char *uri, struct backend **out,
   nb->ex = ex;
   nb->probe = h;
   nb->timeout = opt_timeout;
+  nb->poll.max_ns = opt_poll_max_us * 1000;
   nb->lookup = nbd_uri_host_is_name (uri);
   nb->nr_conns = ex.multi_conn ? opt_connections : 1;
   nb->max_payload = MIN ((uint64_t) MAX_PAYLOAD, ex.block_max);
