@@ -176,12 +176,6 @@ clone_done (struct clone *c, int error)
 {
   int seen = error;             /* what the request sees */
 
-  /* A hook or a flush's bookkeeping may take a lock that a worker holds
-   * while it waits for a request of its own: never with its wake-up
-   * deferred (io_wakes_defer).
-   */
-  if (c->end_io || c->op == IO_FLUSH)
-    io_wakes_flush ();
   /* A target's hook (mirror, multipath) may send the clone again
    * elsewhere, or decide what the request sees; the bookkeeping below
    * still records what happened on this backend.

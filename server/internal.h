@@ -77,14 +77,6 @@ bool io_plug_add_cb (struct io_plug_cb *cb);
  */
 void io_req_clone_end (struct clone *c, int seen);
 void io_req_clone_retry (struct clone *c);
-/* The calling thread's waiter wake-ups wait for io_wakes_flush (on) or
- * go at once (off, which flushes).  Only a thread that never blocks on
- * another request's waiter may defer: the I/O loop (ioloop.c), which
- * also flushes before anything that could block (clone_done: a target's
- * end_io hook, a flush's lock; jobs).
- */
-void io_wakes_defer (bool on);
-void io_wakes_flush (void);
 /* Inline: every request on the hot path starts and ends with these. */
 static inline void
 io_req_init (struct io_req *req, enum io_op op, uint32_t flags)

@@ -159,50 +159,6 @@ io_req_clone_retry (struct clone *c)
   futex_wake (&req->pending);
 }
 
-/* Wake-ups of waiters (io_req_run) that a thread owes, when it defers
- * them (io_wakes_defer: the I/O loop thread).  The loop completes a
- * batch of replies in one turn; waking each waiter at once lets the
- * woken worker preempt the loop in mid-batch (perf, 4K writes at QD64:
- * most of the loop thread's time in futex_wake went to that switch),
- * before the loop has parsed the rest and sent what is queued.  Deferred
- * to the end of the turn (io_wakes_flush), the replies are parsed and
- * the next requests sent first.  The addresses may be stale by then (a
- * waiter that saw 0 without sleeping has returned): a wake there is at
- * worst spurious, as after the decrement below.
- */
-#define WAKES_MAX 64
-static __thread bool wakes_deferred;
-static __thread _Atomic int *wakes[WAKES_MAX];
-static __thread unsigned nr_wakes;
-
-void
-io_wakes_flush (void)
-{
-  for (unsigned i = 0; i < nr_wakes; i++)
-    futex_wake (wakes[i]);
-  nr_wakes = 0;
-}
-
-void
-io_wakes_defer (bool on)
-{
-  if (!on)
-    io_wakes_flush ();
-  wakes_deferred = on;
-}
-
-static void
-wake_waiter (_Atomic int *pending)
-{
-  if (!wakes_deferred) {
-    futex_wake (pending);
-    return;
-  }
-  if (nr_wakes == WAKES_MAX)
-    io_wakes_flush ();
-  wakes[nr_wakes++] = pending;
-}
-
 void
 io_req_clone_end (struct clone *c, int seen)
 {
@@ -217,7 +173,7 @@ io_req_clone_end (struct clone *c, int seen)
    * sees 0); the wake on its address is then at worst spurious.
    */
   if (atomic_fetch_sub (&req->pending, 1) == 1)
-    wake_waiter (&req->pending);
+    futex_wake (&req->pending);
 }
 
 /* A local clone that waits for its device rather than for a memcpy. */

@@ -37,12 +37,6 @@ static _Atomic bool running;           /* loop thread started, not stopped */
 static _Atomic unsigned generation;    /* bumped at each start */
 static _Atomic bool stopping;
 static ev_async wake;
-/* Last before the loop blocks: the wake-ups of the waiters whose
- * requests this turn completed (io_wakes_defer), once every reply read
- * has been parsed and what was queued has been sent (nbd-conn.c's
- * on_flush, a prepare watcher of a higher priority).
- */
-static ev_prepare wakes_prep;
 
 /* Submitted clones: a lock-free stack, newest first (the per-request
  * path takes no global lock).  Producers push with a compare-and-swap;
@@ -139,8 +133,6 @@ on_wake (struct ev_loop *l, ev_async *w, int revents)
   }
   j = take_jobs ();
   c = take_clones ();
-  if (j)                /* a job may block on a worker (io_wakes_defer) */
-    io_wakes_flush ();
 
   for (; j; j = next_j) {
     next_j = j->next;           /* fn may free j */
@@ -152,19 +144,11 @@ on_wake (struct ev_loop *l, ev_async *w, int revents)
   }
 }
 
-static void
-on_wakes_prep (struct ev_loop *l, ev_prepare *w, int revents)
-{
-  io_wakes_flush ();
-}
-
 static void *
 loop_thread (void *arg)
 {
   in_loop = true;
-  io_wakes_defer (true);
   ev_run (loop, 0);
-  io_wakes_defer (false);
   return NULL;
 }
 
@@ -184,9 +168,6 @@ ioloop_start (struct mapper_err *err)
   atomic_store (&stopping, false);
   ev_async_init (&wake, on_wake);
   ev_async_start (loop, &wake);
-  ev_prepare_init (&wakes_prep, on_wakes_prep);
-  ev_set_priority (&wakes_prep, EV_MINPRI);
-  ev_prepare_start (loop, &wakes_prep);
   atomic_fetch_add (&generation, 1);
 
   r = mapper_thread_create (&thread, loop_thread, "mapper-ioloop");
