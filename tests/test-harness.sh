@@ -11,7 +11,8 @@
 # report of a server fails the test; what a test leaves running (a
 # server whose pid file another took over, a forgotten child) fails it,
 # is named and stopped, and nothing else does (another test's processes,
-# one a cleanup signalled and which is going).
+# one a cleanup signalled and which is going); a test past its time limit
+# (unit-run.sh) fails, naming what ran, and is stopped.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -239,4 +240,62 @@ bash "$top_srcdir/tests/unit-run.sh" sh -c \
     > "$tmpdir/unit.out" 2>&1 || rc=$?
 [ "$rc" -eq 1 ] || { cat "$tmpdir/unit.out"; die "case unit: exit $rc, not 1"; }
 says unit 'still running at the end of the test .*: nbdkit -P /[^ ]*/u\.pid'
+
+# 13. unit-run.sh's time limit.  A test past it fails, naming the limit
+#     and what was still running; SIGTERM reaches what it runs in the
+#     foreground, and its cleanups and leak check still run (the server it
+#     started is stopped); one that ignores SIGTERM is killed after the
+#     grace, and says so.  One within its limit passes; a script's
+#     "# test-timeout:" sets its limit, the environment overrides it.
+#     (The limits are far from the sleeps: nothing here depends on time.)
+cat > "$tmpdir/slow.sh" <<EOF
+#!/bin/bash
+source '$top_srcdir/tests/functions.sh'
+start_server a memory 1M
+cleanup_fn "echo 'slow: cleanup ran'"
+echo "slow: server \$(cat "\$tmpdir/a.pid")"
+sleep 600
+echo "slow: not reached"
+EOF
+timed ()
+{
+    local name=$1 want=$2 rc=0; shift 2
+    chmod +x "$tmpdir/$name.sh"
+    env "$@" bash "$top_srcdir/tests/unit-run.sh" "$tmpdir/$name.sh" \
+        > "$tmpdir/$name.out" 2>&1 || rc=$?
+    [ "$rc" -eq "$want" ] ||
+        { cat "$tmpdir/$name.out"; die "case $name: exit $rc, not $want"; }
+}
+timed slow 1 NBDMAPPER_TEST_TIMEOUT=1
+says slow "FAIL: .*slow\\.sh: timed out after 1 s"
+says slow 'still running at the timeout: pid [0-9]+ \( ?child\): sleep 600'
+says slow 'still running at the timeout: pid [0-9]+ .*nbdkit -P /[^ ]*/a\.pid'
+says slow '^slow: cleanup ran$'
+! grep -q 'not reached' "$tmpdir/slow.out" || die "case slow: not stopped"
+server=$(sed -n 's/^slow: server //p' "$tmpdir/slow.out")
+wait_for test ! -e "/proc/$server" || die "case slow: server $server left"
+# Its own "# test-timeout: 1" (after the #! line, where tests say it).
+sed '1a # test-timeout: 1' "$tmpdir/slow.sh" > "$tmpdir/slowown.sh"
+timed slowown 1
+says slowown "timed out after 1 s"
+# A stubborn one: SIGTERM ignored, in a process group of its own.
+cat > "$tmpdir/stubborn2.sh" <<EOF
+#!/bin/bash
+source '$top_srcdir/tests/functions.sh'
+setsid bash -c 'trap "" TERM; exec sleep 600' &
+sleep 600
+EOF
+timed stubborn2 1 NBDMAPPER_TEST_TIMEOUT=1 NBDMAPPER_TEST_KILL_GRACE=1
+says stubborn2 'did not exit within 1 s of SIGTERM \(the timeout\): killed with SIGKILL: pid [0-9]+ .*sleep 600'
+# Within the limit: passes (the environment's limit over the script's 1 s).
+cat > "$tmpdir/quick.sh" <<EOF
+#!/bin/bash
+# test-timeout: 1
+source '$top_srcdir/tests/functions.sh'
+start_server a memory 1M
+nbdinfo --size "nbd+unix:///?socket=\$tmpdir/a.sock"
+EOF
+timed quick 0 NBDMAPPER_TEST_TIMEOUT=600
+timed quick 0 NBDMAPPER_TEST_TIMEOUT=0
+! grep -q 'FAIL' "$tmpdir/quick.out" || { cat "$tmpdir/quick.out"; die "case quick"; }
 echo "test-harness: ok"
