@@ -12,7 +12,8 @@
 # server whose pid file another took over, a forgotten child) fails it,
 # is named and stopped, and nothing else does (another test's processes,
 # one a cleanup signalled and which is going); a test past its time limit
-# (unit-run.sh) fails, naming what ran, and is stopped.
+# (unit-run.sh) fails, naming what ran, and is stopped; loop_attach
+# waits (bounded) for a free loop device.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -298,4 +299,58 @@ EOF
 timed quick 0 NBDMAPPER_TEST_TIMEOUT=600
 timed quick 0 NBDMAPPER_TEST_TIMEOUT=0
 ! grep -q 'FAIL' "$tmpdir/quick.out" || { cat "$tmpdir/quick.out"; die "case quick"; }
+
+# 14. loop_attach: with no free loop device (a losetup that says so, here
+#     a stub: nothing depends on the machine's devices) it waits, says
+#     so, and gets the one that comes free; it gives up after
+#     NBDMAPPER_LOOP_WAIT s naming the devices in use; any other error
+#     fails at once.
+mkdir "$tmpdir/bin"
+cat > "$tmpdir/bin/losetup" <<'EOF'
+#!/bin/bash
+# $LOOP_BUSY attaches fail for want of a device, then one succeeds.
+n=$(( $(cat "$LOOP_COUNT" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$LOOP_COUNT"
+case "$1" in
+    -a) echo "/dev/loop0: []: (/elsewhere/held.img)"; exit 0 ;;
+esac
+case "$LOOP_BUSY" in
+    file) echo "losetup: ${!#}: failed to set up loop device: No such file or directory" >&2
+          exit 1 ;;
+esac
+if [ "$n" -le "$LOOP_BUSY" ]; then
+    if [ $(( n % 2 )) = 1 ]; then
+        echo "losetup: cannot find an unused loop device" >&2
+    else
+        echo "losetup: /dev/loop7: failed to set up loop device: Device or resource busy" >&2
+    fi
+    exit 1
+fi
+echo "losetup: ${!#}: Warning: file does not fit into a 512-byte sector" >&2
+echo /dev/loop42
+EOF
+chmod +x "$tmpdir/bin/losetup"
+run_case loopwait 0 <<EOF
+PATH=$tmpdir/bin:\$PATH
+export LOOP_COUNT=\$tmpdir/count LOOP_BUSY=3
+dev=\$(loop_attach -r "\$tmpdir/x.img")
+echo "dev=\$dev calls=\$(cat "\$LOOP_COUNT")"
+EOF
+says loopwait '^dev=/dev/loop42 calls=4$'
+says loopwait 'no free loop device \(losetup: cannot find an unused loop device\): waiting'
+says loopwait 'got /dev/loop42'
+run_case loopnone 1 <<EOF
+PATH=$tmpdir/bin:\$PATH
+export LOOP_COUNT=\$tmpdir/count LOOP_BUSY=1000000 NBDMAPPER_LOOP_WAIT=1
+loop_attach "\$tmpdir/x.img" || die "loop_attach failed"
+EOF
+says loopnone 'FAIL: no free loop device within 1 s \(NBDMAPPER_LOOP_WAIT\)'
+says loopnone '^/dev/loop0: \[\]: \(/elsewhere/held\.img\)$'
+run_case loopfile 1 <<EOF
+PATH=$tmpdir/bin:\$PATH
+export LOOP_COUNT=\$tmpdir/count LOOP_BUSY=file
+loop_attach "\$tmpdir/x.img" || die "loop_attach failed after \$(cat "\$LOOP_COUNT") call"
+EOF
+says loopfile 'x\.img: failed to set up loop device: No such file or directory'
+says loopfile 'loop_attach failed after 1 call$'
 echo "test-harness: ok"
