@@ -151,6 +151,9 @@ _await_gone ()
     done
 }
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
+# For unit-run.sh: what names it is the test's, should the test be killed.
+[ -z "${NBDMAPPER_SCRATCH_LOG:-}" ] ||
+    echo "$tmpdir" >> "$NBDMAPPER_SCRATCH_LOG" 2>/dev/null || :
 # A signal exits with 128+N, which runs the cleanups once (as the EXIT
 # trap) and fails the test: trapping INT and TERM with _run_cleanups too
 # ran them twice and exited with the last command's status, often 0.

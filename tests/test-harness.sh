@@ -279,15 +279,18 @@ wait_for test ! -e "/proc/$server" || die "case slow: server $server left"
 sed '1a # test-timeout: 1' "$tmpdir/slow.sh" > "$tmpdir/slowown.sh"
 timed slowown 1
 says slowown "timed out after 1 s"
-# A stubborn one: SIGTERM ignored, in a process group of its own.
+# Stubborn ones, SIGTERM ignored: a child in a process group of its own,
+# and one daemonised (init's child, working in the test's scratch dir).
 cat > "$tmpdir/stubborn2.sh" <<EOF
 #!/bin/bash
 source '$top_srcdir/tests/functions.sh'
 setsid bash -c 'trap "" TERM; exec sleep 600' &
+setsid -f bash -c 'trap "" TERM; cd "\$1" && exec sleep 601' _ "\$tmpdir"
 sleep 600
 EOF
 timed stubborn2 1 NBDMAPPER_TEST_TIMEOUT=1 NBDMAPPER_TEST_KILL_GRACE=1
-says stubborn2 'did not exit within 1 s of SIGTERM \(the timeout\): killed with SIGKILL: pid [0-9]+ .*sleep 600'
+says stubborn2 'did not exit within 1 s of SIGTERM \(the timeout\): killed with SIGKILL: pid [0-9]+ \( ?child\): sleep 600'
+says stubborn2 'did not exit within 1 s of SIGTERM \(the timeout\): killed with SIGKILL: pid [0-9]+ \( ?cwd\): sleep 601'
 # Within the limit: passes (the environment's limit over the script's 1 s).
 cat > "$tmpdir/quick.sh" <<EOF
 #!/bin/bash

@@ -3,11 +3,10 @@
 # How automake runs every test (LOG_COMPILER in tests/Makefile.am,
 # client-tools/nbdmsetup/Makefile.am and systemd/Makefile.am): unit-run.sh
 # TEST [ARGS...].  The test runs inside the shell tests' harness, with
-# TMPDIR in this scratch directory ($tmpdir): what it leaves running (an
-# nbdkit it started, whose pid file and socket are in unit.h's or
-# functions.sh's scratch directory, both under $tmpdir) fails it, as
-# functions.sh's leak check fails a shell test, even when the test itself
-# was killed and could not look.
+# a C test's TMPDIR in this scratch directory ($tmpdir): what it leaves
+# running (an nbdkit it started, whose pid file and socket are in
+# unit.h's scratch directory) fails it, as functions.sh's leak check
+# fails a shell test.
 #
 # A per-test time limit: a hung test fails on its own rather than running
 # until scripts/test's whole-suite timeout.  The limit is, first found:
@@ -16,11 +15,11 @@
 #   script (the comment lines it starts with)
 #   600 s
 # At the limit the test fails: unit-run.sh names what was still running
-# (_test_procs), sends SIGTERM to the test's process group and every
+# (_scan), sends SIGTERM to the test's process group and every
 # descendant (a shell test's trap then runs its cleanups and its own leak
 # check), and after NBDMAPPER_TEST_KILL_GRACE s (default 30: a test's
 # cleanups may wait 10 s for each server) sends SIGKILL to whatever of the
-# test is left (_test_procs again: its daemonised servers too), naming it.
+# test is left (_scan again: its daemonised servers too), naming it.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 _limit=${NBDMAPPER_TEST_TIMEOUT:-}
@@ -38,9 +37,18 @@ _grace=${NBDMAPPER_TEST_KILL_GRACE:-30}
 # start: its pgid is its pid), so that SIGTERM reaches what it runs in
 # the foreground too.  make's SIGINT or SIGTERM (a terminal's ^C, a
 # timeout around make) goes on to it.
+# A C test's scratch directory is made in $tmpdir (unit.h, under
+# TMPDIR); a shell test's where it always is (its paths, as long as
+# ever), and functions.sh notes it in NBDMAPPER_SCRATCH_LOG, for
+# _scan after a timeout.
+export NBDMAPPER_SCRATCH_LOG=$tmpdir/scratch-dirs
+: > "$NBDMAPPER_SCRATCH_LOG"
 rc=0
 set -m
-TMPDIR=$tmpdir "$@" &
+case "$1" in
+    *.sh) "$@" & ;;
+    *) TMPDIR=$tmpdir "$@" & ;;
+esac
 _test=$!
 set +m
 trap 'kill -INT -- -$_test 2>/dev/null || :' INT
@@ -79,6 +87,30 @@ _name_procs ()
     done
 }
 
+# _scan: _test_procs for $tmpdir and every scratch directory the test
+# made (NBDMAPPER_SCRATCH_LOG): its processes, daemonised servers too.
+_scan ()
+{
+    local own=$tmpdir d p
+    local -A seen=()
+    local all=()
+    _test_procs
+    all=(${_procs[@]+"${_procs[@]}"})
+    while read -r d; do
+        [ -n "$d" ] || continue
+        tmpdir=$d
+        _test_procs
+        all+=(${_procs[@]+"${_procs[@]}"})
+    done < "$NBDMAPPER_SCRATCH_LOG"
+    tmpdir=$own
+    _procs=()
+    for p in ${all[@]+"${all[@]}"}; do
+        [ -z "${seen[${p%% *}]:-}" ] || continue
+        seen[${p%% *}]=1
+        _procs+=("$p")
+    done
+}
+
 while :; do
     _done=
     wait -n -p _done "$_test" ${_timer:+"$_timer"} && rc=0 || rc=$?
@@ -92,7 +124,7 @@ while :; do
     echo "$0: FAIL: $*: timed out after $_limit s" \
          "(NBDMAPPER_TEST_TIMEOUT, or the test's \"# test-timeout:\")." \
          "Still running:" >&2
-    _test_procs
+    _scan
     _name_procs "still running at the timeout"
     _descendants "$$"
     kill -TERM -- "-$_test" 2>/dev/null || :
@@ -102,7 +134,7 @@ while :; do
         _running "$_test" || break
         sleep 0.1
     done
-    _test_procs
+    _scan
     _await_gone 0 || {
         _name_procs "did not exit within $_grace s of SIGTERM (the timeout): killed with SIGKILL"
         for p in "${_procs[@]}"; do kill -KILL "${p%% *}" 2>/dev/null || :; done
