@@ -192,6 +192,10 @@ struct table {
   stack_use_vector stack_uses;  /* one per device backend (stacking) */
   struct mapper_caps caps;
   size_t nr_flush_hooks;        /* targets with a flush() hook */
+  /* Set by a noflush suspend from before its presuspend until the
+   * resume (target_noflush_suspending, dm_noflush_suspending).
+   */
+  _Atomic bool noflush_suspending;
 
   /* The device whose live table this is, NULL while it is not live
    * (loaded, or replaced): where target_event sends the targets'
