@@ -33,10 +33,6 @@ _grace=${NBDMAPPER_TEST_KILL_GRACE:-30}
     die "unit-run.sh: NBDMAPPER_TEST_TIMEOUT ($_limit) and" \
         "NBDMAPPER_TEST_KILL_GRACE ($_grace) are whole seconds"
 
-# The test in a process group of its own (job control for this one
-# start: its pgid is its pid), so that SIGTERM reaches what it runs in
-# the foreground too.  make's SIGINT or SIGTERM (a terminal's ^C, a
-# timeout around make) goes on to it.
 # A C test's scratch directory is made in $tmpdir (unit.h, under
 # TMPDIR); a shell test's where it always is (its paths, as long as
 # ever), and functions.sh notes it in NBDMAPPER_SCRATCH_LOG, for
@@ -44,6 +40,10 @@ _grace=${NBDMAPPER_TEST_KILL_GRACE:-30}
 export NBDMAPPER_SCRATCH_LOG=$tmpdir/scratch-dirs
 : > "$NBDMAPPER_SCRATCH_LOG"
 rc=0
+# The test in a process group of its own (job control for this one
+# start: its pgid is its pid), so that SIGTERM reaches what it runs in
+# the foreground too.  make's SIGINT or SIGTERM (a terminal's ^C, a
+# timeout around make) goes on to it.
 set -m
 case "$1" in
     *.sh) "$@" & ;;
@@ -111,6 +111,17 @@ _scan ()
     done
 }
 
+# _starttime PID: its start time (/proc/PID/stat's 22nd field), in _st:
+# the same pid with another start time is another process.
+_starttime ()
+{
+    local st f
+    _st=
+    read -r st 2>/dev/null < "/proc/$1/stat" || return 1
+    read -ra f <<< "${st##*) }"
+    _st=${f[19]}
+}
+
 while :; do
     _done=
     wait -n -p _done "$_test" ${_timer:+"$_timer"} && rc=0 || rc=$?
@@ -126,6 +137,12 @@ while :; do
          "Still running:" >&2
     _scan
     _name_procs "still running at the timeout"
+    # What is the test's now, to look at again after the grace: a
+    # descendant whose parent exits meanwhile is no longer one.
+    _first=()
+    for p in ${_procs[@]+"${_procs[@]}"}; do
+        ! _starttime "${p%% *}" || _first+=("${p%% *} $_st ${p#* }")
+    done
     _descendants "$$"
     kill -TERM -- "-$_test" 2>/dev/null || :
     for p in ${_desc[@]+"${_desc[@]}"}; do kill -TERM "$p" 2>/dev/null || :; done
@@ -135,6 +152,11 @@ while :; do
         sleep 0.1
     done
     _scan
+    for p in ${_first[@]+"${_first[@]}"}; do
+        read -r pid st why <<< "$p"
+        _starttime "$pid" && [ "$_st" = "$st" ] || continue
+        [[ " ${_procs[*]-} " == *" $pid "* ]] || _procs+=("$pid $why")
+    done
     _await_gone 0 || {
         _name_procs "did not exit within $_grace s of SIGTERM (the timeout): killed with SIGKILL"
         for p in "${_procs[@]}"; do kill -KILL "${p%% *}" 2>/dev/null || :; done
