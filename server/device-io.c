@@ -107,8 +107,8 @@ emulate_fua (struct table *t, const struct io_req *req)
 }
 
 static int
-device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
-           uint64_t offset, uint32_t flags)
+device_io_once (struct device *dev, enum io_op op, char *buf,
+                uint32_t count, uint64_t offset, uint32_t flags)
 {
   struct table *t = device_enter (dev);
   struct stats_io sio;
@@ -158,6 +158,24 @@ device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
   stats_io_end (&sio, op, offset, count, t, first, end);
   io_req_release (&req);
   device_exit (dev);
+  return r;
+}
+
+/* A request a target held through a noflush suspend (MAPPER_EREQUEUE)
+ * went out of the requests in flight: it waits at the gate for the
+ * resume (device_enter), then is mapped again, whole, on the live table
+ * (dm requeues the original request: what of it completed is done once
+ * more, with the same data).
+ */
+static int
+device_io (struct device *dev, enum io_op op, char *buf, uint32_t count,
+           uint64_t offset, uint32_t flags)
+{
+  int r;
+
+  while ((r = device_io_once (dev, op, buf, count, offset, flags)) ==
+         MAPPER_EREQUEUE)
+    ;
   return r;
 }
 
@@ -223,9 +241,9 @@ device_flush (struct device *dev, uint32_t flags)
   return device_flush_errseq (dev, flags, &dev->flush_seen);
 }
 
-int
-device_flush_errseq (struct device *dev, uint32_t flags,
-                     _Atomic uint64_t *seen)
+static int
+device_flush_once (struct device *dev, uint32_t flags,
+                   _Atomic uint64_t *seen)
 {
   struct table *t = device_enter (dev);
   uint64_t sample = errseq_sample ();
@@ -247,13 +265,28 @@ device_flush_errseq (struct device *dev, uint32_t flags,
    */
   if (r == 0 && atomic_load (&dev->dropped_err) > since)
     r = -EIO;
-  if (seen)
+  /* Not for a flush to be mapped again (MAPPER_EREQUEUE): it has not
+   * reported anything yet.
+   */
+  if (seen && r != MAPPER_EREQUEUE)
     errseq_seen (seen, sample);
   if (mapper_trace_io && mapper_debug)
     mapper_debug ("%s: flush -> %zu backend%s", dev->name, t->flushed.len,
                   t->flushed.len == 1 ? "" : "s");
   stats_io_end (&sio, IO_FLUSH, 0, 0, t, 0, 0);
   device_exit (dev);
+  return r;
+}
+
+int
+device_flush_errseq (struct device *dev, uint32_t flags,
+                     _Atomic uint64_t *seen)
+{
+  int r;
+
+  /* As device_io: a flush held through a noflush suspend. */
+  while ((r = device_flush_once (dev, flags, seen)) == MAPPER_EREQUEUE)
+    ;
   return r;
 }
 

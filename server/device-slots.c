@@ -84,6 +84,8 @@ device_exit (struct device *dev)
 static void
 unsuspend_locked (struct device *dev)
 {
+  if (dev->live)
+    atomic_store (&dev->live->noflush_suspending, false);
   table_resume (dev->live);     /* background work (mirror resync) */
   atomic_store (&dev->suspended, false);
   if (dev->waits)
@@ -160,10 +162,13 @@ suspend_locked (struct device *dev, bool noflush)
     return 0;
   atomic_store (&dev->suspended, true);
   /* Targets holding I/O back (delay) let it go now, so the drain below
-   * does not wait for it.
+   * does not wait for it; with noflush, I/O a target keeps queued
+   * (multipath) goes back to the gate (MAPPER_EREQUEUE).
    */
-  if (dev->live)
+  if (dev->live) {
+    atomic_store (&dev->live->noflush_suspending, noflush);
     table_presuspend (dev->live);
+  }
   dev->draining = true;
   drain_locked (dev);
   dev->draining = false;

@@ -180,6 +180,10 @@ struct table {
   unsigned nr_flush_hooks;      /* targets with a flush() hook */
   bool has_flush_failed;        /* some target has flush_failed() */
   bool read_only;               /* table_set_read_only: no writes */
+  /* Set by a noflush suspend from before its presuspend until the
+   * resume (target_noflush_suspending, dm_noflush_suspending).
+   */
+  _Atomic bool noflush_suspending;
   backend_vector backends;      /* distinct, each referenced once */
   /* While table_parse builds the table (NULL after): those of backends
    * that only target_get_backend_read_only asked for (no reference of

@@ -735,6 +735,12 @@ table_presuspend (struct table *t)
       t->targets[i].type->presuspend (&t->targets[i]);
 }
 
+bool
+target_noflush_suspending (const struct target *ti)
+{
+  return atomic_load (&ti->table->noflush_suspending);
+}
+
 void
 table_resume (struct table *t)
 {

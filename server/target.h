@@ -372,6 +372,26 @@ void clone_retry (struct clone *c, struct backend *be, uint64_t offset,
  */
 int io_sync (enum io_op op, struct backend *be, uint64_t offset,
              uint64_t len, char *buf, uint32_t flags);
+/* The error a target's map, remap or flush hook returns for I/O it
+ * holds through a noflush suspend rather than fail it (dm's
+ * DM_MAPIO_REQUEUE: multipath with no path): device-io.c gives the
+ * request back to the device's gate, out of the requests in flight the
+ * suspend drains, and maps it again once resumed, on the table then
+ * live.  Never reaches a client.
+ */
+#define MAPPER_EREQUEUE (-ERESTART)
+/* table.c: ti's table is being suspended with noflush (from before its
+ * presuspend until its resume): dm_noflush_suspending.
+ */
+bool target_noflush_suspending (const struct target *ti);
+/* io.c: io_sync whose clone is owned by owner (its end_io_ctx, with no
+ * hook): backend_abandon (be, owner) gives it up (-EIO; the backend lets
+ * go of buf first) from another thread.  It does not fail fast: it
+ * waits out a lost connection as io_sync's.  For a target's own I/O that
+ * a stop must be able to give up (clone's hydration copies).
+ */
+int io_sync_owned (enum io_op op, struct backend *be, uint64_t offset,
+                   uint64_t len, char *buf, uint32_t flags, void *owner);
 /* io.c: CLOCK_MONOTONIC nanoseconds when the request first asked: delay
  * targets measure from it, so the pieces of one request delayed by
  * several targets wait for the longest delay, not the sum.

@@ -151,6 +151,9 @@ _await_gone ()
     done
 }
 tmpdir=$(mktemp -d "${TMPDIR:-/tmp}/nbdmapper-test.XXXXXX")
+# For unit-run.sh: what names it is the test's, should the test be killed.
+[ -z "${NBDMAPPER_SCRATCH_LOG:-}" ] ||
+    echo "$tmpdir" >> "$NBDMAPPER_SCRATCH_LOG" 2>/dev/null || :
 # A signal exits with 128+N, which runs the cleanups once (as the EXIT
 # trap) and fails the test: trapping INT and TERM with _run_cleanups too
 # ran them twice and exited with the last command's status, often 0.
@@ -728,8 +731,9 @@ ext4_fuse_preflight ()
     mkfs.ext4 -q -F "$tmpdir/pre.img" >/dev/null 2>&1 || {
         echo "$0: skipped: mkfs.ext4 on a file fails"; exit 77; }
     mkdir "$tmpdir/pre"
-    if ! preloop=$(losetup -f --show "$tmpdir/pre.img" 2>/dev/null); then
-        echo "$0: skipped: cannot attach a loop device"; exit 77
+    if ! preloop=$(loop_attach "$tmpdir/pre.img" 2> "$tmpdir/pre.err"); then
+        echo "$0: skipped: cannot attach a loop device: $(cat "$tmpdir/pre.err")"
+        exit 77
     fi
     if ! mount -t ext4 "$preloop" "$tmpdir/pre" 2>/dev/null; then
         losetup -d "$preloop"
@@ -755,6 +759,53 @@ ext4_fuse_preflight ()
     fi
 }
 
+# loop_attach [LOSETUP-OPTS...] FILE: attach FILE to a free loop device
+# (losetup -f --show LOSETUP-OPTS FILE) and print the device.  The
+# machine has few loop device nodes (8 made at boot), and parallel suites'
+# ext4 tests share them: losetup -f asks /dev/loop-control for a free one,
+# which the kernel makes when none is (and devtmpfs its node).  Where it
+# cannot (no /dev/loop-control, max_loop reached, a static /dev without
+# the node), or when another attach took the one it found first, losetup
+# fails ("cannot find an unused loop device", or "/dev/loopN: failed to
+# set up loop device").  Then loop_attach says so once and waits for one
+# to come free, up to NBDMAPPER_LOOP_WAIT s (default 120); after that it
+# fails naming the devices and what holds them (losetup -a).  Any other
+# error (the file's) fails at once, with losetup's message.  test-ext4.sh
+# copies it (declare -f) into its phases' scripts.
+loop_attach ()
+{
+    local wait=${NBDMAPPER_LOOP_WAIT:-120} i out dev said=
+    for (( i = 0; ; i++ )); do
+        if out=$(losetup -f --show "$@" 2>&1); then
+            # --show's line (a warning may come with it).
+            dev=$(printf '%s\n' "$out" | grep -m 1 '^/dev/')
+            [ -z "$said" ] || echo "loop_attach $*: got $dev" >&2
+            echo "$dev"
+            return 0
+        fi
+        case "$out" in
+            *"unused loop device"*|*"/dev/loop"[0-9]*": failed to set up loop device"*) ;;
+            *) echo "loop_attach $*: $out" >&2; return 1 ;;
+        esac
+        if [ "$i" -ge $(( wait * 2 )) ]; then
+            echo "loop_attach $*: FAIL: no free loop device within $wait s" \
+                 "(NBDMAPPER_LOOP_WAIT): $out." \
+                 "Loop devices: $(echo /dev/loop[0-9]*)." \
+                 "/dev/loop-control: $( [ -w /dev/loop-control ] &&
+                                        echo writable || echo absent)." \
+                 "In use (losetup -a):" >&2
+            losetup -a >&2 || :
+            return 1
+        fi
+        if [ -z "$said" ]; then
+            echo "loop_attach $*: no free loop device ($out): waiting" \
+                 "up to $wait s for one" >&2
+            said=1
+        fi
+        sleep 0.5
+    done
+}
+
 # fuse_attach URI: nbdfuse URI on $tmpdir/fuse (made by the caller) and a
 # fresh loop device on its file (no blocks cached from before); sets $loop
 # to the device and writes $tmpdir/{fusepid,loopdev} for fuse_detach.
@@ -764,7 +815,7 @@ fuse_attach ()
     nbdfuse "$tmpdir/fuse" "$1" &
     echo $! > "$tmpdir/fusepid"
     wait_for test -e "$tmpdir/fuse/nbd" || return 1
-    loop=$(losetup -f --show "$tmpdir/fuse/nbd") || return 1
+    loop=$(loop_attach "$tmpdir/fuse/nbd") || return 1
     echo "$loop" > "$tmpdir/loopdev"
 }
 

@@ -19,8 +19,9 @@ loops=()
 detach () { local l; for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null || :; done; }
 cleanup_fn detach
 for f in l0 l1; do
-    if ! l=$(losetup -f --show "$tmpdir/$f.img" 2>/dev/null); then
-        echo "$0: skipped: cannot attach a loop device"; exit 77
+    if ! l=$(loop_attach "$tmpdir/$f.img" 2> "$tmpdir/loop.err"); then
+        echo "$0: skipped: cannot attach a loop device: $(cat "$tmpdir/loop.err")"
+        exit 77
     fi
     loops+=("$l")
 done

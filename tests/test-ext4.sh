@@ -147,7 +147,7 @@ else
     ext4_umount "$tmpdir/mnt"
 fi
 EOF
-declare -f fuse_detach fuse_attach wait_for ext4_umount die > "$tmpdir/cleanup.sh"
+declare -f fuse_detach fuse_attach loop_attach wait_for ext4_umount die > "$tmpdir/cleanup.sh"
 echo "tmpdir=$(printf %q "$tmpdir")" >> "$tmpdir/cleanup.sh"
 
 size=$(( (len + 2048) * 512 ))

@@ -11,7 +11,9 @@
 # report of a server fails the test; what a test leaves running (a
 # server whose pid file another took over, a forgotten child) fails it,
 # is named and stopped, and nothing else does (another test's processes,
-# one a cleanup signalled and which is going).
+# one a cleanup signalled and which is going); a test past its time limit
+# (unit-run.sh) fails, naming what ran, and is stopped; loop_attach
+# waits (bounded) for a free loop device.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
@@ -239,4 +241,119 @@ bash "$top_srcdir/tests/unit-run.sh" sh -c \
     > "$tmpdir/unit.out" 2>&1 || rc=$?
 [ "$rc" -eq 1 ] || { cat "$tmpdir/unit.out"; die "case unit: exit $rc, not 1"; }
 says unit 'still running at the end of the test .*: nbdkit -P /[^ ]*/u\.pid'
+
+# 13. unit-run.sh's time limit.  A test past it fails, naming the limit
+#     and what was still running; SIGTERM reaches what it runs in the
+#     foreground, and its cleanups and leak check still run (the server it
+#     started is stopped); one that ignores SIGTERM is killed after the
+#     grace, and says so.  One within its limit passes; a script's
+#     "# test-timeout:" sets its limit, the environment overrides it.
+#     (The limits are far from the sleeps: nothing here depends on time.)
+cat > "$tmpdir/slow.sh" <<EOF
+#!/bin/bash
+source '$top_srcdir/tests/functions.sh'
+start_server a memory 1M
+cleanup_fn "echo 'slow: cleanup ran'"
+echo "slow: server \$(cat "\$tmpdir/a.pid")"
+sleep 600
+echo "slow: not reached"
+EOF
+timed ()
+{
+    local name=$1 want=$2 rc=0; shift 2
+    chmod +x "$tmpdir/$name.sh"
+    env "$@" bash "$top_srcdir/tests/unit-run.sh" "$tmpdir/$name.sh" \
+        > "$tmpdir/$name.out" 2>&1 || rc=$?
+    [ "$rc" -eq "$want" ] ||
+        { cat "$tmpdir/$name.out"; die "case $name: exit $rc, not $want"; }
+}
+timed slow 1 NBDMAPPER_TEST_TIMEOUT=1
+says slow "FAIL: .*slow\\.sh: timed out after 1 s"
+says slow 'still running at the timeout: pid [0-9]+ \( ?child\): sleep 600'
+says slow 'still running at the timeout: pid [0-9]+ .*nbdkit -P /[^ ]*/a\.pid'
+says slow '^slow: cleanup ran$'
+! grep -q 'not reached' "$tmpdir/slow.out" || die "case slow: not stopped"
+server=$(sed -n 's/^slow: server //p' "$tmpdir/slow.out")
+wait_for test ! -e "/proc/$server" || die "case slow: server $server left"
+# Its own "# test-timeout: 1" (after the #! line, where tests say it).
+sed '1a # test-timeout: 1' "$tmpdir/slow.sh" > "$tmpdir/slowown.sh"
+timed slowown 1
+says slowown "timed out after 1 s"
+# Stubborn ones, SIGTERM ignored: a child in a process group of its own,
+# and one daemonised (init's child, working in the test's scratch dir).
+cat > "$tmpdir/stubborn2.sh" <<EOF
+#!/bin/bash
+source '$top_srcdir/tests/functions.sh'
+setsid bash -c 'trap "" TERM; exec sleep 600' &
+setsid -f bash -c 'trap "" TERM; cd "\$1" && exec sleep 601' _ "\$tmpdir"
+sleep 600
+EOF
+timed stubborn2 1 NBDMAPPER_TEST_TIMEOUT=1 NBDMAPPER_TEST_KILL_GRACE=1
+says stubborn2 'did not exit within 1 s of SIGTERM \(the timeout\): killed with SIGKILL: pid [0-9]+ \( ?child\): sleep 600'
+says stubborn2 'did not exit within 1 s of SIGTERM \(the timeout\): killed with SIGKILL: pid [0-9]+ \( ?cwd\): sleep 601'
+# Within the limit: passes (the environment's limit over the script's 1 s).
+cat > "$tmpdir/quick.sh" <<EOF
+#!/bin/bash
+# test-timeout: 1
+source '$top_srcdir/tests/functions.sh'
+start_server a memory 1M
+nbdinfo --size "nbd+unix:///?socket=\$tmpdir/a.sock"
+EOF
+timed quick 0 NBDMAPPER_TEST_TIMEOUT=600
+timed quick 0 NBDMAPPER_TEST_TIMEOUT=0
+! grep -q 'FAIL' "$tmpdir/quick.out" || { cat "$tmpdir/quick.out"; die "case quick"; }
+
+# 14. loop_attach: with no free loop device (a losetup that says so, here
+#     a stub: nothing depends on the machine's devices) it waits, says
+#     so, and gets the one that comes free; it gives up after
+#     NBDMAPPER_LOOP_WAIT s naming the devices in use; any other error
+#     fails at once.
+mkdir "$tmpdir/bin"
+cat > "$tmpdir/bin/losetup" <<'EOF'
+#!/bin/bash
+# $LOOP_BUSY attaches fail for want of a device, then one succeeds.
+n=$(( $(cat "$LOOP_COUNT" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$LOOP_COUNT"
+case "$1" in
+    -a) echo "/dev/loop0: []: (/elsewhere/held.img)"; exit 0 ;;
+esac
+case "$LOOP_BUSY" in
+    file) echo "losetup: ${!#}: failed to set up loop device: No such file or directory" >&2
+          exit 1 ;;
+esac
+if [ "$n" -le "$LOOP_BUSY" ]; then
+    if [ $(( n % 2 )) = 1 ]; then
+        echo "losetup: cannot find an unused loop device" >&2
+    else
+        echo "losetup: /dev/loop7: failed to set up loop device: Device or resource busy" >&2
+    fi
+    exit 1
+fi
+echo "losetup: ${!#}: Warning: file does not fit into a 512-byte sector" >&2
+echo /dev/loop42
+EOF
+chmod +x "$tmpdir/bin/losetup"
+run_case loopwait 0 <<EOF
+PATH=$tmpdir/bin:\$PATH
+export LOOP_COUNT=\$tmpdir/count LOOP_BUSY=3
+dev=\$(loop_attach -r "\$tmpdir/x.img")
+echo "dev=\$dev calls=\$(cat "\$LOOP_COUNT")"
+EOF
+says loopwait '^dev=/dev/loop42 calls=4$'
+says loopwait 'no free loop device \(losetup: cannot find an unused loop device\): waiting'
+says loopwait 'got /dev/loop42'
+run_case loopnone 1 <<EOF
+PATH=$tmpdir/bin:\$PATH
+export LOOP_COUNT=\$tmpdir/count LOOP_BUSY=1000000 NBDMAPPER_LOOP_WAIT=1
+loop_attach "\$tmpdir/x.img" || die "loop_attach failed"
+EOF
+says loopnone 'FAIL: no free loop device within 1 s \(NBDMAPPER_LOOP_WAIT\)'
+says loopnone '^/dev/loop0: \[\]: \(/elsewhere/held\.img\)$'
+run_case loopfile 1 <<EOF
+PATH=$tmpdir/bin:\$PATH
+export LOOP_COUNT=\$tmpdir/count LOOP_BUSY=file
+loop_attach "\$tmpdir/x.img" || die "loop_attach failed after \$(cat "\$LOOP_COUNT") call"
+EOF
+says loopfile 'x\.img: failed to set up loop device: No such file or directory'
+says loopfile 'loop_attach failed after 1 call$'
 echo "test-harness: ok"

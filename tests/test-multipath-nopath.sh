@@ -9,7 +9,9 @@
 #  2. With queue_if_no_path (the message): a read waits (status says I/O
 #     is queued) and completes with the right data when a server comes
 #     back; a suspend fails the queued read rather than waiting for it
-#     (dm's presuspend); fail_if_no_path fails a queued read.
+#     (dm's presuspend), a noflush suspend keeps it queued across (the
+#     suspend completes, the read completes after the resume once a path
+#     is back); fail_if_no_path fails a queued read.
 #  3. no_path_retry 3: a queued read fails once there has been no path
 #     for 3 checker intervals, with a logged event.
 #  4. Shutdown never hangs on a queued read: SIGTERM with a read queued
@@ -49,6 +51,22 @@ queued
 ms suspend m
 read_wait "case 2: the queued read did not fail at suspend"
 ms resume m
+# A noflush suspend keeps it queued (dm's multipath_presuspend): the
+# suspend completes (the read waits at the gate, not in flight), the
+# read waits across it, queued again once resumed, and completes once a
+# path is back.
+read_bg ok
+queued
+ms suspend --noflush m
+kill -0 "$rd" 2>/dev/null ||
+    { cat "$tmpdir/rd.out"; die "case 2: the queued read failed at a noflush suspend"; }
+ms info m | grep -qi 'suspended' || die "case 2: not suspended: $(ms info m)"
+ms resume m
+queued
+kit a "$disk"
+read_wait "case 2: the read queued across a noflush suspend did not complete"
+kit b "$disk"; wait_path "$A" A; wait_path "$B" A
+both_down
 # fail_if_no_path fails what is queued.
 read_bg EIO
 queued

@@ -47,11 +47,14 @@ hydrated ()
 }
 
 # Region N (4 KiB regions) overwritten whole, then held in the commit.
+# The hold first: worker 0's commit (once a second) between the write
+# and a hold set after it flushed the destination unheld, and then had
+# nothing more to commit (seen under load).
 write_and_hold ()
 {
-    nbdsh -u "$uri" -c "h.pwrite(b'w' * 4096, 4096 * $1)"
     rm -f "$tmpdir/holding"
     touch "$tmpdir/hold"
+    nbdsh -u "$uri" -c "h.pwrite(b'w' * 4096, 4096 * $1)"
     wait_for test -e "$tmpdir/holding" || die "no commit reached the destination"
 }
 

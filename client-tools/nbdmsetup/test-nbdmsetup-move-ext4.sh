@@ -54,7 +54,7 @@ mv "$a" "$a.old"; mv "$b" "$b.old"
 stop_server ctl     # its connections to dst first: nbdkit waits for its clients
 stop_server dst
 fsck.ext4 -fn "$dst" || die "fsck of DEST's file"
-checkloop=$(losetup -f --show -r "$dst")
+checkloop=$(loop_attach -r "$dst")
 echo "$checkloop" > "$tmpdir/checkloop"
 mount -t ext4 -o ro,noload "$checkloop" "$tmpdir/check"
 sums "$tmpdir/check" | diff - "$tmpdir/sums" ||

@@ -53,7 +53,7 @@ echo "pool uses $used blocks ($((used * 65536)) bytes); nbdcopy wrote $alloc, qe
 qemu-img compare -f raw -F qcow2 "$tmpdir/copy.img" "$tmpdir/copy.qcow2" ||
     die "the two copies differ"
 fsck.ext4 -fn "$tmpdir/copy.img" || die "fsck of the snapshot"
-snaploop=$(losetup -f --show -r "$tmpdir/copy.img")
+snaploop=$(loop_attach -r "$tmpdir/copy.img")
 echo "$snaploop" > "$tmpdir/snaploop"
 mount -t ext4 -o ro,noload "$snaploop" "$tmpdir/snap"
 sums "$tmpdir/snap" | diff - "$tmpdir/sums.snap" ||

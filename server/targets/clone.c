@@ -109,6 +109,7 @@ struct clone_state {
   _Atomic bool cancel;            /* workers' request_wait_cancel */
   uint64_t last_commit_ns;
   bool flushing;                  /* a commit's destination flush is out */
+  bool md_io;                     /* a commit writes the metadata */
   struct backend *flush_be;       /* ...on this backend */
   _Atomic bool commit_cancel;     /* a stop gave commits up (until the
                                    * next start of the workers) */
@@ -153,6 +154,42 @@ bit_clear (uint64_t *m, uint64_t i)
 }
 
 /* --- metadata ----------------------------------------------------------- */
+
+/* The metadata device's I/O (pdata-dev.c's, but owned by the state, the
+ * opaque): a stop past its grace gives up a commit hung in it
+ * (wait_workers, while md_io is set), as it gives up the destination's
+ * flush.
+ */
+static int
+md_read (void *opaque, uint64_t offset, size_t len, void *buf)
+{
+  struct clone_state *s = opaque;
+
+  return io_sync_owned (IO_READ, s->md_be, offset, len, buf, 0, s);
+}
+
+static int
+md_write (void *opaque, uint64_t offset, size_t len, const void *buf)
+{
+  struct clone_state *s = opaque;
+
+  /* io_sync does not write through buf; its type is shared with reads. */
+  return io_sync_owned (IO_WRITE, s->md_be, offset, len, (char *) buf, 0,
+                        s);
+}
+
+static int
+md_flush (void *opaque)
+{
+  struct clone_state *s = opaque;
+
+  return io_flush_backend_owned (s->md_be, s);
+}
+
+static const struct pd_blockdev_ops clone_pd_ops = {
+  .read = md_read, .write = md_write, .flush = md_flush,
+};
+
 
 /* The first word at or after *w whose bit is set in summary sum (nr_sum
  * words), into *w: false if there is none.
@@ -256,11 +293,20 @@ clone_commit (struct clone_state *s, struct clone_c *c)
               mapper_strerror (-r));
     goto failed;
   }
+  pthread_mutex_lock (&s->lock);
+  s->md_io = true;
+  pthread_mutex_unlock (&s->lock);
   for (uint64_t w = 0; r == 0 && sum_next (s->commit_sum, s->nr_sum, &w);
        w++)
     r = clone_md_set_bits (s->md, w, s->commit_words[w], err);
   if (r == 0)
     r = clone_md_commit (s->md, err);
+  pthread_mutex_lock (&s->lock);
+  s->md_io = false;
+  pthread_cond_broadcast (&s->cond);
+  pthread_mutex_unlock (&s->lock);
+  if (r < 0 && atomic_load (&s->commit_cancel))
+    goto md_given_up;
   if (r < 0)
     goto failed;
   pthread_mutex_lock (&s->lock);
@@ -283,6 +329,22 @@ clone_commit (struct clone_state *s, struct clone_c *c)
   }
   pthread_mutex_unlock (&s->lock);
   pthread_mutex_unlock (&s->commit_lock);
+  return -ESHUTDOWN;
+ md_given_up:
+  /* A stop gave up the metadata's I/O: on the device, the last commit
+   * (its superblock goes last, after a flush; blocks it may have written
+   * are ones that commit does not use), or this one should a write it
+   * gave up land after all.  In core, the metadata is half way through a
+   * commit: nothing more is committed (fail mode, without the event: the
+   * device is going, and nothing failed that it reported).
+   */
+  pthread_mutex_lock (&s->lock);
+  s->failed = true;
+  pthread_mutex_unlock (&s->lock);
+  pthread_mutex_unlock (&s->commit_lock);
+  if (mapper_log)
+    mapper_log ("clone: %s: a stop gave up a metadata commit: %s",
+                backend_name (s->md_be), *err ? err : mapper_strerror (-r));
   return -ESHUTDOWN;
  failed:
   /* Those regions stay hydrated in core (their data is on the
@@ -325,11 +387,16 @@ seg_fn (void *opaque, uint64_t offset, uint64_t length, uint32_t type)
 
 /* Copy [off, off+len) from the source to the destination, zeroing on the
  * destination what the source reports as holes or zeros (so a sparse
- * source leaves a sparse destination).  buf: COPY_CHUNK bytes.
+ * source leaves a sparse destination).  buf: COPY_CHUNK bytes.  Its I/O
+ * is owned by s: a stop past its grace gives it up (wait_workers), so a
+ * destination (or source) that stopped answering does not hold a remove
+ * or the server's exit for the remote request timeout; a copy given up
+ * fails (its regions are not hydrated).
  */
 static int
 copy_range (struct clone_c *c, char *buf, uint64_t off, uint64_t len)
 {
+  struct clone_state *s = c->s;
   const struct mapper_caps *dcaps = backend_caps (c->dest_be);
   uint64_t end = off + len;
   int r;
@@ -350,13 +417,15 @@ copy_range (struct clone_c *c, char *buf, uint64_t off, uint64_t len)
       if (a >= b)
         continue;
       if (ss.v[i].zero && dcaps->can_zero)
-        r = io_sync (IO_ZERO, c->dest_be, a, b - a, NULL, MAPPER_MAY_TRIM);
+        r = io_sync_owned (IO_ZERO, c->dest_be, a, b - a, NULL,
+                           MAPPER_MAY_TRIM, s);
       else if (ss.v[i].zero) {
         memset (buf, 0, b - a);
-        r = io_sync (IO_WRITE, c->dest_be, a, b - a, buf, 0);
+        r = io_sync_owned (IO_WRITE, c->dest_be, a, b - a, buf, 0, s);
       }
-      else if ((r = io_sync (IO_READ, c->src_be, a, b - a, buf, 0)) == 0)
-        r = io_sync (IO_WRITE, c->dest_be, a, b - a, buf, 0);
+      else if ((r = io_sync_owned (IO_READ, c->src_be, a, b - a, buf, 0,
+                                   s)) == 0)
+        r = io_sync_owned (IO_WRITE, c->dest_be, a, b - a, buf, 0, s);
       if (r < 0)
         return r;
       off = b;
@@ -536,8 +605,8 @@ clone_worker (void *arg)
 
 /* Wait until s's workers have exited (their joins are then quick).
  * grace_ns: after that long, give up the commit in flight (its
- * destination flush: backend_abandon) and any later one; 0: wait as
- * long as it takes.
+ * destination flush or its metadata I/O: backend_abandon), any later
+ * one, and the copies under way; 0: wait as long as it takes.
  */
 static void
 wait_workers (struct clone_state *s, uint64_t grace_ns)
@@ -557,6 +626,23 @@ wait_workers (struct clone_state *s, uint64_t grace_ns)
         pthread_mutex_unlock (&s->lock);
         /* Again each turn: the flush may not have been sent yet. */
         backend_abandon (be, s);
+        pthread_mutex_lock (&s->lock);
+      }
+      if (s->md_io) {
+        pthread_mutex_unlock (&s->lock);
+        backend_abandon (s->md_be, s);
+        pthread_mutex_lock (&s->lock);
+      }
+      /* Copies under way (copy_range's I/O, s's): a hung write to the
+       * destination or read from the source.  The bound target stays
+       * through the stop.
+       */
+      if (s->hydrating > 0 && s->bound) {
+        struct backend *dest = s->bound->dest_be, *src = s->bound->src_be;
+
+        pthread_mutex_unlock (&s->lock);
+        backend_abandon (dest, s);
+        backend_abandon (src, s);
         pthread_mutex_lock (&s->lock);
       }
     }
@@ -821,7 +907,7 @@ state_get (struct clone_c *c, uint64_t md_size, struct mapper_err *err)
   }
   s->md_be = c->md_be;
   s->dest_be = c->dest_be;
-  s->pdev = (struct pd_blockdev) { .ops = &target_pd_blockdev_ops, .opaque = c->md_be,
+  s->pdev = (struct pd_blockdev) { .ops = &clone_pd_ops, .opaque = s,
                                    .size = md_size };
   s->len = c->ti->len;
   s->region_sectors = c->region_sectors;

@@ -324,7 +324,8 @@ peek_path (struct mpath *m)
 
 /* No path: wait while queueing (queue_if_no_path) for one to come back.
  * 0: look again; -EIO: fail the I/O; -ESHUTDOWN: the request was given
- * up (the client went, the server is stopping).
+ * up (the client went, the server is stopping); MAPPER_EREQUEUE: a
+ * noflush suspend, which holds it at the device's gate instead.
  */
 static int
 wait_for_path (struct mpath *m, uint64_t *asked)
@@ -332,9 +333,17 @@ wait_for_path (struct mpath *m, uint64_t *asked)
   int r = 0;
 
   pthread_mutex_lock (&m->lock);
+  /* A noflush suspend: back to the device's gate, queueing or not (dm's
+   * must_push_back_rq), and mapped again after the resume.
+   */
+  if (atomic_load (&m->nr_valid) == 0 && m->noflush_suspending)
+    r = MAPPER_EREQUEUE;
   while (atomic_load (&m->nr_valid) == 0 && atomic_load (&m->queueing) &&
-         r == 0)
+         r == 0) {
     r = request_wait (&m->cond, &m->lock, 0, asked);
+    if (r == 0 && m->noflush_suspending)
+      r = MAPPER_EREQUEUE;
+  }
   if (r == 0 && atomic_load (&m->nr_valid) == 0)
     r = -EIO;
   pthread_mutex_unlock (&m->lock);
@@ -1090,9 +1099,17 @@ mpath_presuspend (struct target *ti)
 {
   struct mpath *m = ti->private;
 
-  /* dm: queued I/O fails rather than holding the suspend up. */
+  /* dm (multipath_presuspend): queued I/O fails rather than holding the
+   * suspend up, except in a noflush suspend (multipathd's reloads),
+   * which keeps it queued across: it goes back to the device's gate
+   * (wait_for_path: MAPPER_EREQUEUE) and is mapped again after the
+   * resume, on the table then live.
+   */
   pthread_mutex_lock (&m->lock);
-  m->suspending = true;
+  if (target_noflush_suspending (ti))
+    m->noflush_suspending = true;
+  else
+    m->suspending = true;
   mpath_update_queueing (m);
   pthread_mutex_unlock (&m->lock);
 }
@@ -1114,6 +1131,7 @@ mpath_resume (struct target *ti)
 
   pthread_mutex_lock (&m->lock);
   m->suspending = false;
+  m->noflush_suspending = false;
   mpath_update_queueing (m);
   pthread_mutex_unlock (&m->lock);
   atomic_store (&m->live, true);

@@ -94,6 +94,8 @@ struct mpath {
                                  * until a path comes back: 1 queue, -1
                                  * fail, 0 none (no_path_retry rules) */
   bool suspending;              /* presuspend to resume: never queue */
+  bool noflush_suspending;      /* ...a noflush one: I/O with no path
+                                 * goes back to the gate (requeued) */
   _Atomic bool queueing;        /* queue now, if there is no path */
   uint64_t nopath_since_ns;     /* nr_valid fell to 0 then */
 
