@@ -157,6 +157,7 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
                 char **argv, char **reply, struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  struct device_hook h;
   struct target *ti;
   char buf[4096] = "";
   int r;
@@ -168,6 +169,13 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
   /* A message (a crypt key wiped) must not change the table under the
    * requests a suspend is waiting for.
    */
+  if (dev->draining && dev->busy_what) {
+    mapper_err_set (err, "device '%s' is busy: its %s is waiting for I/O "
+                    "held below it (a suspended or stalled device it "
+                    "stacks on): retry once it is done", dev->name,
+                    dev->busy_what);
+    return -EBUSY;
+  }
   if (dev->draining) {
     mapper_err_set (err, "device '%s': a suspend (or a swap) is waiting for "
                     "its requests in flight: retry once it is done",
@@ -188,7 +196,10 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
                     ti->begin >> MAPPER_SECTOR_SHIFT);
     return -ENOTSUP;
   }
+  /* Its target may wait without the locks (target_wait_begin). */
+  device_hook_enter (dev, "message", &h);
   r = ti->type->message (ti, argc, argv, buf, sizeof buf, err);
+  device_hook_leave (&h);
   if (r < 0)
     return r;
   *reply = strdup (buf);

@@ -211,6 +211,15 @@ void table_resume (struct table *t);
  */
 int table_preresume (struct table *t, struct mapper_err *err);
 void table_postsuspend (struct table *t);
+/* device-slots.c: a target hook (postsuspend, resume, message) runs on
+ * this thread for dev, dev->lock held; what names the command in the
+ * busy reply.  Its target may wait without the locks meanwhile
+ * (target_wait_begin).  Nested calls restore what was.
+ */
+struct device_hook { struct device *dev; const char *what; };
+void device_hook_enter (struct device *dev, const char *what,
+                        struct device_hook *saved);
+void device_hook_leave (const struct device_hook *saved);
 int table_flush_hooks (struct table *t, uint32_t flags);
 int table_flush_paths (struct table *t);
 /* Send t's events to dev from now on (NULL: nowhere), once an event
@@ -272,6 +281,10 @@ struct device {
    * would hold the control export's lock meanwhile.
    */
   bool draining;
+  /* With draining: what waits (device_wait_unlock), for the busy reply;
+   * NULL: a drain of the requests in flight.
+   */
+  const char *busy_what;
   struct table *inactive;
   _Atomic unsigned open_count;
   /* Backends stacking on this device (device_get_stacked): while 0, no
