@@ -112,9 +112,13 @@ void
 device_hook_enter (struct device *dev, const char *what,
                    struct device_hook *saved)
 {
-  *saved = (struct device_hook) { hook_dev, hook_what };
+  *saved = (struct device_hook) {
+    .dev = hook_dev, .what = hook_what, .unlocked = hook_unlocked,
+    .was_draining = hook_was.draining, .was_what = hook_was.what,
+  };
   hook_dev = dev;
   hook_what = what;
+  hook_unlocked = false;
 }
 
 void
@@ -125,6 +129,8 @@ device_hook_leave (const struct device_hook *saved)
     target_wait_end (NULL);
   hook_dev = saved->dev;
   hook_what = saved->what;
+  hook_unlocked = saved->unlocked;
+  hook_was = (struct busy_save) { saved->was_draining, saved->was_what };
 }
 
 void

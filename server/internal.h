@@ -216,7 +216,11 @@ void table_postsuspend (struct table *t);
  * busy reply.  Its target may wait without the locks meanwhile
  * (target_wait_begin).  Nested calls restore what was.
  */
-struct device_hook { struct device *dev; const char *what; };
+struct device_hook {
+  struct device *dev;
+  const char *what, *was_what;
+  bool unlocked, was_draining;
+};
 void device_hook_enter (struct device *dev, const char *what,
                         struct device_hook *saved);
 void device_hook_leave (const struct device_hook *saved);
