@@ -157,6 +157,7 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
                 char **argv, char **reply, struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
+  struct device_hook h;
   struct target *ti;
   char buf[4096] = "";
   int r;
@@ -168,12 +169,8 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
   /* A message (a crypt key wiped) must not change the table under the
    * requests a suspend is waiting for.
    */
-  if (dev->draining) {
-    mapper_err_set (err, "device '%s': a suspend (or a swap) is waiting for "
-                    "its requests in flight: retry once it is done",
-                    dev->name);
-    return -EBUSY;
-  }
+  if ((r = device_busy_locked (dev, err)) < 0)
+    return r;
   if (sector >= dev->live->caps.size >> MAPPER_SECTOR_SHIFT) {
     mapper_err_set (err, "sector %" PRIu64 " is beyond the end of device "
                     "'%s' (%" PRIu64 " sectors)", sector, dev->name,
@@ -188,7 +185,10 @@ device_message (struct device *dev, uint64_t sector, unsigned argc,
                     ti->begin >> MAPPER_SECTOR_SHIFT);
     return -ENOTSUP;
   }
+  /* Its target may wait without the locks (target_wait_begin). */
+  device_hook_enter (dev, "message", &h);
   r = ti->type->message (ti, argc, argv, buf, sizeof buf, err);
+  device_hook_leave (&h);
   if (r < 0)
     return r;
   *reply = strdup (buf);

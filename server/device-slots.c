@@ -80,18 +80,6 @@ device_exit (struct device *dev)
   }
 }
 
-/* Let requests in again on the live table (dev->lock held). */
-static void
-unsuspend_locked (struct device *dev)
-{
-  if (dev->live)
-    atomic_store (&dev->live->noflush_suspending, false);
-  table_resume (dev->live);     /* background work (mirror resync) */
-  atomic_store (&dev->suspended, false);
-  if (dev->waits)
-    pthread_cond_broadcast (&dev->waits->gate);
-}
-
 /* The outer lock this thread holds around a swap (the control export's,
  * device_set_drain_unlock): NULL, none.
  */
@@ -101,6 +89,113 @@ void
 device_set_drain_unlock (void (*fn) (bool relock))
 {
   drain_unlock = fn;
+}
+
+/* --- waits without the locks ----------------------------------------- */
+
+/* dev->lock held: release it and the outer lock (drain_unlock) for a
+ * wait that I/O held below dev may hold up (a device it stacks on,
+ * suspended, whose resume needs the outer lock).  Meanwhile dev is busy
+ * (draining, busy_what says why): what would change it is refused, so
+ * the caller finds it as it left it.  *was: draining before.
+ */
+struct busy_save { bool draining; const char *what; };
+
+static void
+wait_unlock (struct device *dev, const char *what, struct busy_save *was)
+{
+  struct device_waits *w = waits_locked (dev);
+
+  /* Without memory for w, a refusal meanwhile says less (busy_what). */
+  *was = (struct busy_save) { dev->draining, w ? w->busy_what : NULL };
+  dev->draining = true;
+  if (w)
+    w->busy_what = what;
+  pthread_mutex_unlock (&dev->lock);
+  if (drain_unlock)
+    drain_unlock (false);
+}
+
+/* Take them back, in the lock order (outer, then dev->lock). */
+static void
+wait_relock (struct device *dev, const struct busy_save *was)
+{
+  if (drain_unlock)
+    drain_unlock (true);
+  pthread_mutex_lock (&dev->lock);
+  dev->draining = was->draining;
+  if (dev->waits)
+    dev->waits->busy_what = was->what;
+}
+
+/* The device whose postsuspend, resume or message hook runs on this
+ * thread, dev->lock held (device_hook_enter), and a target's wait in it
+ * (target_wait_begin).
+ */
+static __thread struct device *hook_dev;
+static __thread const char *hook_what;
+static __thread bool hook_unlocked;
+static __thread struct busy_save hook_was;
+
+void
+device_hook_enter (struct device *dev, const char *what,
+                   struct device_hook *saved)
+{
+  *saved = (struct device_hook) {
+    .dev = hook_dev, .what = hook_what, .unlocked = hook_unlocked,
+    .was_draining = hook_was.draining, .was_what = hook_was.what,
+  };
+  hook_dev = dev;
+  hook_what = what;
+  hook_unlocked = false;
+}
+
+void
+device_hook_leave (const struct device_hook *saved)
+{
+  /* A target that began a wait and did not end it. */
+  if (hook_unlocked)
+    target_wait_end (NULL);
+  hook_dev = saved->dev;
+  hook_what = saved->what;
+  hook_unlocked = saved->unlocked;
+  hook_was = (struct busy_save) { saved->was_draining, saved->was_what };
+}
+
+void
+target_wait_begin (struct target *ti)
+{
+  (void) ti;
+  if (hook_dev == NULL || hook_unlocked)
+    return;
+  hook_unlocked = true;
+  wait_unlock (hook_dev, hook_what, &hook_was);
+}
+
+void
+target_wait_end (struct target *ti)
+{
+  (void) ti;
+  if (!hook_unlocked)
+    return;
+  hook_unlocked = false;
+  wait_relock (hook_dev, &hook_was);
+}
+
+/* Let requests in again on the live table (dev->lock held). */
+static void
+unsuspend_locked (struct device *dev)
+{
+  struct device_hook h;
+
+  if (dev->live)
+    atomic_store (&dev->live->noflush_suspending, false);
+  device_hook_enter (dev, "resume", &h);
+  table_resume (dev->live);     /* background work (mirror resync) */
+  device_hook_leave (&h);
+  atomic_store (&dev->suspended, false);
+  if (dev->waits)
+    pthread_cond_broadcast (&dev->waits->gate);
 }
 
 /* Wait for the requests in flight (dev->lock held, dev->draining set).
@@ -171,17 +266,35 @@ suspend_locked (struct device *dev, bool noflush)
   }
   dev->draining = true;
   drain_locked (dev);
-  dev->draining = false;
   /* Background work (mirror resync) stops too: nothing writes the
-   * table's backends until resume.
+   * table's backends until resume.  Still draining: a target's wait
+   * there (a thin pool's for its writes to the data device) may be made
+   * without the locks (target_wait_begin).
    */
-  if (dev->live)
+  if (dev->live) {
+    struct device_hook h;
+
+    device_hook_enter (dev, "suspend (or swap)", &h);
     table_postsuspend (dev->live);
-  if (noflush || dev->live == NULL)
+    device_hook_leave (&h);
+  }
+  if (noflush || dev->live == NULL) {
+    dev->draining = false;
     return 0;
-  r = io_flush_backends (dev->live->flushed.ptr, dev->live->flushed.len);
-  if (r == 0)
-    r = table_flush_paths (dev->live);  /* multipath's paths */
+  }
+  /* The flush too: a backend stacked on a suspended device holds it at
+   * that device's gate until its resume.
+   */
+  {
+    struct busy_save was;
+
+    wait_unlock (dev, "suspend (or swap)", &was);
+    r = io_flush_backends (dev->live->flushed.ptr, dev->live->flushed.len);
+    if (r == 0)
+      r = table_flush_paths (dev->live);  /* multipath's paths */
+    wait_relock (dev, &was);
+  }
+  dev->draining = false;
   if (r < 0)
     unsuspend_locked (dev);
   return r;
@@ -192,12 +305,18 @@ suspend_locked (struct device *dev, bool noflush)
  * runs suspend without its lock (a drain may wait for a lower device's
  * resume): what it would otherwise serialise is refused here.
  */
-static int
-refuse_if_draining (struct device *dev, struct mapper_err *err)
+int
+device_busy_locked (struct device *dev, struct mapper_err *err)
 {
+  const char *what = dev->waits ? dev->waits->busy_what : NULL;
+
   if (!dev->draining)
     return 0;
-  if (err)
+  if (err && what)
+    mapper_err_set (err, "device '%s' is busy: its %s is waiting for I/O "
+                    "held below it (a suspended or stalled device it "
+                    "stacks on): retry once it is done", dev->name, what);
+  else if (err)
     mapper_err_set (err, "device '%s': a suspend (or a swap) is waiting for "
                     "its %u request%s in flight: retry once it is done",
                     dev->name, atomic_load (&dev->inflight),
@@ -209,7 +328,7 @@ int
 device_suspend (struct device *dev, bool noflush)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
-  int r = refuse_if_draining (dev, NULL);
+  int r = device_busy_locked (dev, NULL);
 
   return r < 0 ? r : suspend_locked (dev, noflush);
 }
@@ -218,7 +337,7 @@ int
 device_check_busy (struct device *dev, struct mapper_err *err)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&dev->lock);
-  return refuse_if_draining (dev, err);
+  return device_busy_locked (dev, err);
 }
 
 /* --- the slots: load, resume, clear, replace ------------------------- */
@@ -337,7 +456,7 @@ device_resume_swapped (struct device *dev, bool *swapped,
     return r;
 
   pthread_mutex_lock (&dev->lock);
-  if ((r = refuse_if_draining (dev, err)) < 0) {
+  if ((r = device_busy_locked (dev, err)) < 0) {
     pthread_mutex_unlock (&dev->lock);
     return r;
   }
@@ -430,7 +549,7 @@ device_replace (struct device *dev, struct table *t, bool *swapped,
     return r;
   }
   pthread_mutex_lock (&dev->lock);
-  if ((r = refuse_if_draining (dev, err)) < 0) {
+  if ((r = device_busy_locked (dev, err)) < 0) {
     pthread_mutex_unlock (&dev->lock);
     table_free (t);
     return r;

@@ -218,6 +218,19 @@ void table_resume (struct table *t);
  */
 int table_preresume (struct table *t, struct mapper_err *err);
 void table_postsuspend (struct table *t);
+/* device-slots.c: a target hook (postsuspend, resume, message) runs on
+ * this thread for dev, dev->lock held; what names the command in the
+ * busy reply.  Its target may wait without the locks meanwhile
+ * (target_wait_begin).  Nested calls restore what was.
+ */
+struct device_hook {
+  struct device *dev;
+  const char *what, *was_what;
+  bool unlocked, was_draining;
+};
+void device_hook_enter (struct device *dev, const char *what,
+                        struct device_hook *saved);
+void device_hook_leave (const struct device_hook *saved);
 int table_flush_hooks (struct table *t, uint32_t flags);
 int table_flush_paths (struct table *t);
 /* Send t's events to dev from now on (NULL: nowhere), once an event
@@ -329,7 +342,17 @@ struct device {
 /* device-slots.c: the conditions of a device's slot waits (dev->waits). */
 struct device_waits {
   pthread_cond_t gate, drain;
+  /* While the device is draining: what waits without the locks
+   * (device-slots.c's wait_unlock), for the busy reply; NULL: a drain
+   * of the requests in flight.
+   */
+  const char *busy_what;
 };
+/* device-slots.c: dev->lock held: -EBUSY with err saying why (what
+ * waits, or the drain) while a suspend or swap of dev drains or waits
+ * without the locks, else 0.
+ */
+int device_busy_locked (struct device *dev, struct mapper_err *err);
 /* device-info.c: the events' lock and condition, of every device. */
 extern pthread_mutex_t device_events_lock;
 extern pthread_cond_t device_events_cond;

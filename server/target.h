@@ -252,6 +252,17 @@ int target_backend_size (struct backend *be, uint64_t *size);
  * coalesced flush: nothing to do when be is clean).  0 or -errno.
  */
 int target_flush_backend (struct backend *be);
+/* Around a wait in a postsuspend, resume or message hook that I/O held
+ * below the device may hold up (a thin pool's writes to a suspended
+ * data device): the device's lock and the control export's are
+ * released between the two, so that the resume of that lower device
+ * can run, and what would change this device (its tables, gate, name,
+ * another message) is refused as busy meanwhile: the hook finds it as
+ * it left it.  Elsewhere (or nested) they do nothing.  The hook must
+ * call target_wait_end before it returns.
+ */
+void target_wait_begin (struct target *ti);
+void target_wait_end (struct target *ti);
 /* target.c: be stacks on a device (mapper:NAME, target_get_backend): call
  * fn on each target of type type_name in that device's live table until
  * one returns nonzero (target_table_find),

@@ -849,7 +849,13 @@ pool_resume (struct target *ti)
   uint64_t blocks = 0, nfree = 0, mfree = 0;
   int r = 0;
 
-  pthread_rwlock_wrlock (&p->commit_rw);
+  /* commit_rw may be held by a commit flushing a data device that a
+   * suspended device below holds up: wait without the locks.
+   */
+  if (pthread_rwlock_trywrlock (&p->commit_rw) != 0) {
+    target_wait_begin (ti);
+    pthread_rwlock_wrlock (&p->commit_rw);
+  }
   if (p->data_be != pc->data_be) {
     struct backend *old = p->data_be;
 
@@ -865,6 +871,7 @@ pool_resume (struct target *ti)
       !pc->pf.read_only)
     r = thin_md_resize_data_dev (p->md, pc->nr_blocks, err);
   pthread_rwlock_unlock (&p->commit_rw);
+  target_wait_end (ti);
   if (r < 0) {
     snprintf (msg, sizeof msg, "growing the data device to %" PRIu64
               " blocks", pc->nr_blocks);
@@ -957,12 +964,18 @@ pool_postsuspend (struct target *ti)
   pthread_mutex_lock (&p->lock);
   bound = p->ti == ti;
   pthread_mutex_unlock (&p->lock);
+  /* Those writes may be held by a data device below that is suspended
+   * (or stalls), and its resume is a control command: the waits here,
+   * and the commit's flush of the data device, without the locks.
+   */
+  target_wait_begin (ti);
   if (bound) {
     pthread_rwlock_wrlock (&p->commit_rw);
     pthread_rwlock_unlock (&p->commit_rw);
   }
   if (!atomic_load (&p->commit_failed) && thin_md_changed (p->md))
     pool_commit_how (p, COMMIT_TRY);
+  target_wait_end (ti);
 }
 
 static void
@@ -1101,15 +1114,16 @@ md_msg_error (struct pool *p, const char *what, int r, const char *perr,
   return r;
 }
 
+static int pool_message_run (struct pool *p, const char *cmd, char **argv,
+                             struct mapper_err *err);
+
 static int
 pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
               size_t len, struct mapper_err *err)
 {
   struct pool_c *pc = ti->private;
   struct pool *p = pc->pool;
-  char perr[PD_ERR_LEN] = "";
   const char *cmd = argc ? argv[0] : "";
-  uint64_t id = 0, id2 = UINT64_MAX;
   unsigned want;
   int r;
 
@@ -1138,6 +1152,28 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
                     ? " (a metadata operation failed: needs_check)" : "");
     return -EPERM;
   }
+  /* Without the device's lock and the control export's: the reserve
+   * waits for commit_rw and flushes the data device, and so may a
+   * commit, which a data device below the pool that is suspended (or a
+   * remote one that stalls) holds up until its resume, a control
+   * command.  The pool device is busy meanwhile (no other message, no
+   * new table).
+   */
+  target_wait_begin (ti);
+  r = pool_message_run (p, cmd, argv, err);
+  target_wait_end (ti);
+  (void) reply, (void) len;
+  return r;
+}
+
+/* pool_message's work, argv checked for its length. */
+static int
+pool_message_run (struct pool *p, const char *cmd, char **argv,
+                  struct mapper_err *err)
+{
+  char perr[PD_ERR_LEN] = "";
+  uint64_t id = 0, id2 = UINT64_MAX;
+  int r;
 
   if (strcmp (cmd, "create_thin") == 0) {
     if ((r = read_dev_id (cmd, argv[1], &id, err)) < 0)
@@ -1223,7 +1259,6 @@ pool_message (struct target *ti, unsigned argc, char **argv, char *reply,
     return r;
   }
   check_low_water (p);
-  (void) reply, (void) len;
   return 0;
 }
 
