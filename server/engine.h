@@ -112,7 +112,7 @@ void engine_set_remote (unsigned connections, unsigned timeout);
  * latency gain could be measured (bench/bench-qd1-poll), only more CPU
  * per request; 32 is qemu's IOThreads' default.
  */
-#define REMOTE_POLL_MAX_US_DEFAULT 0
+#define REMOTE_POLL_MAX_US_DEFAULT 64
 #define REMOTE_POLL_MAX_US_LIMIT 1000000
 void engine_set_remote_poll (unsigned max_us);
 
