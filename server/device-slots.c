@@ -28,6 +28,7 @@ waits_locked (struct device *dev)
   if (w == NULL && (w = malloc (sizeof *w)) != NULL) {
     pthread_cond_init (&w->gate, NULL);   /* clockwait: CLOCK_MONOTONIC */
     pthread_cond_init (&w->drain, NULL);
+    w->busy_what = NULL;
     dev->waits = w;
   }
   return w;
