@@ -16,7 +16,9 @@
  *   asprintf grow by realloc and free, so a key written through
  *   open_memstream or asprintf leaves copies that are the plugin's
  *   doing.  Frees by nbdkit or OpenSSL are not the plugin's to wipe and
- *   are not looked at.
+ *   are not looked at: the shim wipes what they free, so that a block
+ *   made later from their memory (a FILE that fclose frees) is not
+ *   taken for a copy of the plugin's.
  *
  * It replaces free, so it cannot run beside the ASan runtime: the test
  * skips itself in a sanitizer build.
@@ -52,17 +54,23 @@ fsync (int fd)
   return syscall (SYS_fsync, fd);
 }
 
-/* Whether p, freed by caller, still holds the secret and caller is the
- * plugin's code.
- */
+/* Whether p still holds the secret. */
 static bool
-holds_secret (void *p, const void *caller, Dl_info *info)
+holds_secret (void *p)
 {
   const char *secret = getenv ("SHIM_SECRET");
 
   return p && secret && *secret && getenv ("SHIM_LOG") &&
-    memmem (p, malloc_usable_size (p), secret, strlen (secret)) &&
-    dladdr (caller, info) && info->dli_fname &&
+    memmem (p, malloc_usable_size (p), secret, strlen (secret));
+}
+
+/* Whether caller is code whose frees are looked at: the plugin's (and
+ * libc's, with SHIM_SECRET_LIBC).
+ */
+static bool
+checked_caller (const void *caller, Dl_info *info)
+{
+  return dladdr (caller, info) && info->dli_fname &&
     (strstr (info->dli_fname, "nbdkit-mapper-plugin") ||
      (getenv ("SHIM_SECRET_LIBC") && strstr (info->dli_fname, "libc.so")));
 }
@@ -95,8 +103,17 @@ free (void *p)
   const void *caller = __builtin_return_address (0);
   Dl_info info;
 
-  if (holds_secret (p, caller, &info))
-    report (caller, &info, "freed");
+  if (holds_secret (p)) {
+    if (checked_caller (caller, &info))
+      report (caller, &info, "freed");
+    else
+      /* nbdkit's own (the control request that carried the key, its
+       * buffers) is not the plugin's to wipe; wiped here, so that a
+       * block made from it later (a FILE of libc's fclose frees) is
+       * not taken for the plugin's copy.
+       */
+      explicit_bzero (p, malloc_usable_size (p));
+  }
   __libc_free (p);
 }
 
@@ -105,11 +122,28 @@ realloc (void *p, size_t size)
 {
   const void *caller = __builtin_return_address (0);
   Dl_info info;
-  bool hit = holds_secret (p, caller, &info);
-  void *q = __libc_realloc (p, size);
+  bool hit = holds_secret (p), checked = hit && checked_caller (caller, &info);
+  void *q;
 
+  if (hit && !checked && size == 0) {
+    explicit_bzero (p, malloc_usable_size (p));
+    __libc_free (p);
+    return NULL;
+  }
+  if (hit && !checked) {
+    /* As free: not the plugin's, its old bytes wiped (a move by hand). */
+    size_t old = malloc_usable_size (p);
+
+    if ((q = malloc (size)) != NULL) {
+      memcpy (q, p, old < size ? old : size);
+      explicit_bzero (p, old);
+      __libc_free (p);
+    }
+    return q;
+  }
+  q = __libc_realloc (p, size);
   /* A block that moved left its old bytes behind. */
-  if (hit && q && q != p)
+  if (checked && q && q != p)
     report (caller, &info, "realloc moved");
   return q;
 }
