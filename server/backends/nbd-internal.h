@@ -310,14 +310,14 @@ bool nbd_wire_has_unsent (const struct nbd_wire *w);
 /* Nothing queued, nothing awaited, nothing half read: may be parked. */
 bool nbd_wire_idle (const struct nbd_wire *w);
 /* A worker's inline exchange on the parked socket fd: one request, its
- * reply (a read's data straight into buf), within timeout seconds,
+ * reply (a read's data straight into buf), by deadline (monotonic_ns),
  * polling for the reply first as poll says (and adapting it).
  * The reply's errno (0: success), or -1 with why the connection failed
  * in why[whylen] (also once *drop is seen true while it waits), or
  * -ETIMEDOUT.
  */
 int nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
-                     uint64_t offset, uint32_t len, double timeout,
+                     uint64_t offset, uint32_t len, uint64_t deadline,
                      const _Atomic bool *drop, struct wire_poll *poll,
                      char *why, size_t whylen);
 

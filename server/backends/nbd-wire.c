@@ -128,7 +128,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
 
 #include <endian.h>
 
@@ -625,21 +624,6 @@ nbd_wire_io (struct nbd_wire *w, int revents, char *why, size_t whylen)
 
 /* --- inline requests (a worker's, on a parked connection) ------------ */
 
-static uint64_t
-now_ns (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static uint64_t
-now_ms (void)
-{
-  return now_ns () / 1000000;
-}
-
 /* The first window, and the smallest: below it, polling is off. */
 #define POLL_START_NS 4000
 
@@ -663,7 +647,7 @@ poll_adapt (struct wire_poll *poll, uint32_t window, uint64_t took_ns)
     atomic_store_explicit (&poll->ns, next, memory_order_relaxed);
 }
 
-/* Wait until fd is ready for events or deadline (ms) passes: 0,
+/* Wait until fd is ready for events or deadline (monotonic_ns) passes: 0,
  * -ETIMEDOUT, or -1 with why.  In slices of REQUEST_WAIT_SLICE_NS, after
  * each of which it looks at *drop: the loop wanting the connection closed
  * (an abandon: a clone's stop, keep_only) cannot reach a worker asleep
@@ -675,16 +659,17 @@ static int
 wait_fd (int fd, short events, uint64_t deadline, const _Atomic bool *drop,
          char *why, size_t whylen)
 {
-  const uint64_t slice = REQUEST_WAIT_SLICE_NS / 1000000;
-
   for (;;) {
     struct pollfd p = { .fd = fd, .events = events };
-    uint64_t now = now_ms ();
+    uint64_t now = monotonic_ns ();
     int r;
 
     if (now >= deadline)
       return -ETIMEDOUT;
-    r = poll (&p, 1, (int) MIN (deadline - now, slice));
+    /* Rounded up: a last part-millisecond is slept, not spun. */
+    r = poll (&p, 1,
+              (int) ((MIN (deadline - now, REQUEST_WAIT_SLICE_NS) + 999999)
+                     / 1000000));
     if (r > 0)
       return 0;                 /* ready, or HUP/ERR: the call says */
     if (r == 0 && atomic_load (drop)) {
@@ -716,7 +701,7 @@ iov_from (struct iovec *iov, unsigned char *hdr, size_t hlen, char *buf,
 
 int
 nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
-                 uint64_t offset, uint32_t len, double timeout,
+                 uint64_t offset, uint32_t len, uint64_t deadline,
                  const _Atomic bool *drop, struct wire_poll *poll,
                  char *why, size_t whylen)
 {
@@ -725,7 +710,6 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
   size_t plen = type == NBD_CMD_WRITE ? len : 0;
   size_t dlen = type == NBD_CMD_READ ? len : 0;
   size_t done = 0, total = NBD_REQUEST_SIZE + plen;
-  uint64_t deadline = now_ms () + (uint64_t) (timeout * 1000);
   struct iovec iov[2];
   struct msghdr msg = { .msg_iov = iov };
   uint32_t error = 0, window = 0;
@@ -760,14 +744,14 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
    * window lasts, then waited for in poll().
    */
   if (poll->max_ns) {
-    sent = now_ns ();
+    sent = monotonic_ns ();
     window = atomic_load_explicit (&poll->ns, memory_order_relaxed);
     if (window) {
       polling = true;
       /* The window is far shorter than remote-timeout (>= 1 s), but a
        * deadline is a deadline.
        */
-      poll_end = MIN (sent + window, deadline * 1000000);
+      poll_end = MIN (sent + window, deadline);
       atomic_fetch_add_explicit (&poll->polled, 1, memory_order_relaxed);
     }
   }
@@ -787,7 +771,7 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
           snprintf (why, whylen, "the connection is wanted closed");
           return -1;
         }
-        if (polling && now_ns () >= poll_end)
+        if (polling && monotonic_ns () >= poll_end)
           polling = false;      /* the window is over: sleep */
         continue;
       }
@@ -823,7 +807,7 @@ nbd_wire_inline (int fd, enum io_op op, uint16_t flags, char *buf,
   if (poll->max_ns) {
     if (polling)
       atomic_fetch_add_explicit (&poll->caught, 1, memory_order_relaxed);
-    poll_adapt (poll, window, now_ns () - sent);
+    poll_adapt (poll, window, monotonic_ns () - sent);
   }
   return error ? nbd_errno (error) : 0;
 }

@@ -643,7 +643,7 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
   enum io_op op;
   uint32_t flags;
   char *buf, why[128];
-  ev_tstamp deadline;
+  uint64_t deadline;
   int r, error;
 
   /* One request on the socket, the worker waiting for its reply: only
@@ -669,21 +669,27 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
     return false;
   }
   part_request (nb, c, 0, &op, &flags, &buf);
-  /* As the loop's cmd->deadline: remote-timeout from now. */
-  deadline = ev_time () + nb->timeout;
+  /* As the loop's cmd->deadline: remote-timeout from now (one clock
+   * read; ev_time's only if the loop takes the clone over).
+   */
+  deadline = monotonic_ns () + (uint64_t) (nb->timeout * 1e9);
   /* A flush covers the writes whose replies came before it is sent. */
   ack_mark = atomic_load (&nb->ack_clock);
   r = nbd_wire_inline (conn->inline_fd, op, flags, buf, c->offset, len,
-                       nb->timeout, &conn->drop_wanted, &nb->poll,
+                       deadline, &conn->drop_wanted, &nb->poll,
                        why, sizeof why);
   if (r == -ETIMEDOUT || r == -1 || connection_error (r)) {
     /* The log says which path saw it: "... (inline)". */
     char msg[sizeof why + 16];
+    uint64_t now = monotonic_ns ();
+
     snprintf (msg, sizeof msg, "%s (inline)",
               r == -ETIMEDOUT ? "request timed out (server stalled)"
               : r == -1 ? why
               : "connection lost");     /* e.g. ESHUTDOWN: the server goes */
-    nbd_conn_give_up (conn, c, deadline, r == -ETIMEDOUT, msg);
+    nbd_conn_give_up (conn, c,
+                      ev_time () + (deadline > now ? deadline - now : 0) / 1e9,
+                      r == -ETIMEDOUT, msg);
   }
   else {
     error = r ? map_errno (r) : 0;
