@@ -206,8 +206,10 @@ early l "$llog" 'reply to a request still being sent \(cookie 0x[0-9a-f]{16}, er
 
 # --- a retried inline request keeps its deadline --------------------------
 # Mapper q (remote-timeout=8) on the proxy, all frozen: R1, a read alone,
-# goes inline; 2 s later R2, a read over both of q's targets (two clones:
-# the loop's); 2 s later the proxy goes for good.  Both are retried,
+# goes inline; 2 s later R2, a read over both of q's targets (two clones,
+# the loop's: the targets are not contiguous on the backend, or io_emit
+# would make them one clone, which goes inline too and, given a fresh
+# deadline as well, ties with R1); 2 s later the proxy goes for good.  Both are retried,
 # find no server, and fail at their deadlines: R1's is the one it had
 # inline, 2 s before R2's.  (It was given a fresh one when the loop took
 # it over, 2 s after R2's.)
@@ -215,7 +217,7 @@ kill $proxy; wait $proxy 2>/dev/null || :
 rm -f "$tmpdir"/ctl/*
 proxy
 echo "0 2048 linear nbd+unix:///?socket=$tmpdir/p.sock 0
-2048 2048 linear nbd+unix:///?socket=$tmpdir/p.sock 2048" > "$tmpdir/q.table"
+2048 2048 linear nbd+unix:///?socket=$tmpdir/p.sock 8192" > "$tmpdir/q.table"
 qlog=$tmpdir/q.log
 start_server --stderr "$qlog" q -v -D nbdkit.backend.datapath=0 -t 16 \
     mapper remote-connections=4 remote-timeout=8 \
