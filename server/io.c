@@ -271,26 +271,6 @@ io_req_run (struct io_req *req)
 }
 
 int
-io_sync_owned (enum io_op op, struct backend *be, uint64_t offset,
-               uint64_t len, char *buf, uint32_t flags, void *owner)
-{
-  struct io_req req;
-  int r;
-
-  io_req_init (&req, op, flags & (MAPPER_FUA | MAPPER_MAY_TRIM));
-  r = io_emit (&req, be, offset, len, buf);
-  if (r == 0) {
-    /* backend_abandon (be, owner) finds it (no hook runs). */
-    req.clones[0].end_io_ctx = owner;
-    r = io_req_run (&req);
-  }
-  if (r == 0 && (flags & MAPPER_FUA) && op != IO_READ && !be->caps.can_fua)
-    r = io_flush_backends (&be, 1);
-  io_req_release (&req);
-  return r;
-}
-
-int
 io_sync_end_io (enum io_op op, struct backend *be, uint64_t offset,
                 uint64_t len, char *buf, clone_end_io_fn end_io, void *ctx,
                 uint64_t arg)
@@ -309,8 +289,8 @@ io_sync_end_io (enum io_op op, struct backend *be, uint64_t offset,
 }
 
 int
-io_sync (enum io_op op, struct backend *be, uint64_t offset, uint64_t len,
-         char *buf, uint32_t flags)
+io_sync_owned (enum io_op op, struct backend *be, uint64_t offset,
+               uint64_t len, char *buf, uint32_t flags, void *owner)
 {
   struct io_req req;
   int r;
@@ -318,6 +298,8 @@ io_sync (enum io_op op, struct backend *be, uint64_t offset, uint64_t len,
   io_req_init (&req, op, flags & (MAPPER_FUA | MAPPER_MAY_TRIM));
   r = io_emit (&req, be, offset, len, buf);
   if (r == 0) {
+    /* backend_abandon (be, owner) finds it (no hook runs). */
+    req.clones[0].end_io_ctx = owner;
     if (mapper_trace_io && mapper_debug)
       mapper_log_io_req ("  sub-request", &req, offset, len);
     r = io_req_run (&req);
@@ -327,4 +309,11 @@ io_sync (enum io_op op, struct backend *be, uint64_t offset, uint64_t len,
     r = io_flush_backends (&be, 1);
   io_req_release (&req);
   return r;
+}
+
+int
+io_sync (enum io_op op, struct backend *be, uint64_t offset, uint64_t len,
+         char *buf, uint32_t flags)
+{
+  return io_sync_owned (op, be, offset, len, buf, flags, NULL);
 }
