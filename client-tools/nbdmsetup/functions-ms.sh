@@ -59,6 +59,33 @@ steady ()
     echo "$last"
 }
 
+# until_busy WHAT DEV PATTERN PID OUT: PID, a command run in the
+# background (its output in OUT), waits for something the test holds;
+# return once a change to DEV is refused as busy (a message matching
+# PATTERN, grep), at most after 10 s.  The probe, a rename of DEV to
+# itself, changes nothing until then ("already exists").  Each probe is
+# bounded: a control export blocked by the wait fails the test (as every
+# command hung before the waits were made without its lock), as does
+# PID ending before it was seen waiting.
+until_busy ()
+{
+    local what=$1 dev=$2 pat=$3 pid=$4 out=$5 i rc
+    for (( i = 0; ; i++ )); do
+        rc=0
+        timeout 10 "$NBDMSETUP" rename "$dev" "$dev" > "$tmpdir/busy" 2>&1 || rc=$?
+        [ "$rc" -ne 124 ] ||
+            die "$what: rename $dev hangs: the control export is blocked"
+        grep -q "$pat" "$tmpdir/busy" && return 0
+        grep -q "already exists" "$tmpdir/busy" ||
+            die "$what: rename $dev $dev: $(cat "$tmpdir/busy")"
+        kill -0 "$pid" 2>/dev/null ||
+            die "$what did not wait: $(cat "$out")"
+        [ "$i" -lt 100 ] ||
+            die "$what: rename $dev never refused as busy: $(cat "$tmpdir/busy")"
+        sleep 0.1
+    done
+}
+
 # ev NAME: the device's event number.
 ev () { ms info "$1" | sed -n 's/^Event number: *//p'; }
 

@@ -32,26 +32,12 @@ hold_read ()
 # nothing, and low's resume lets the read on and CMD end.
 swap_waits ()
 {
-    local what=$1 i rc
+    local what=$1
     shift
     "$@" > "$tmpdir/swap.out" 2>&1 &
     swapper=$!
-    # Its drain has begun once a change to up is refused as busy; the
-    # probe changes nothing before (up to itself: "already exists").
-    # Each try is bounded: before the fix it hung, as every other
-    # command did.
-    for (( i = 0; ; i++ )); do
-        rc=0
-        timeout 10 "$NBDMSETUP" rename up up > "$tmpdir/busy" 2>&1 || rc=$?
-        [ "$rc" -ne 124 ] ||
-            die "$what: rename up hangs: the control export is blocked"
-        grep -q "$busy" "$tmpdir/busy" && break
-        grep -q "already exists" "$tmpdir/busy" ||
-            die "$what: rename up up: $(cat "$tmpdir/busy")"
-        [ "$i" -lt 100 ] ||
-            die "$what: rename up never refused as busy: $(cat "$tmpdir/busy")"
-        sleep 0.1
-    done
+    # Its drain has begun once a change to up is refused as busy.
+    until_busy "$what" up "$busy" "$swapper" "$tmpdir/swap.out"
     kill -0 "$swapper" 2>/dev/null || die "$what did not wait for the read"
     timeout 10 "$NBDMSETUP" info low > /dev/null || die "$what: info low blocked"
     timeout 10 "$NBDMSETUP" ls > /dev/null || die "$what: ls blocked"

@@ -66,24 +66,11 @@ held_write ()
 # hanging the test.
 waits ()
 {
-    local what=$1 i rc
+    local what=$1 rc
     shift
     "$@" > "$tmpdir/cmd.out" 2>&1 &
     cmd=$!
-    for (( i = 0; ; i++ )); do
-        rc=0
-        timeout 10 "$NBDMSETUP" rename pool pool > "$tmpdir/busy" 2>&1 || rc=$?
-        [ "$rc" -ne 124 ] ||
-            die "$what: rename pool hangs: the control export is blocked"
-        grep -q "busy\|waiting for" "$tmpdir/busy" && break
-        grep -q "already exists" "$tmpdir/busy" ||
-            die "$what: rename pool pool: $(cat "$tmpdir/busy")"
-        kill -0 "$cmd" 2>/dev/null ||
-            die "$what did not wait for data: $(cat "$tmpdir/cmd.out")"
-        [ "$i" -lt 100 ] ||
-            die "$what: rename pool never refused as busy"
-        sleep 0.1
-    done
+    until_busy "$what" pool "busy\|waiting for" "$cmd" "$tmpdir/cmd.out"
     echo "$what: busy: $(cat "$tmpdir/busy")"
     # Busy is status 4 (PROTO_ERR_BUSY): nbdmsetup exits 1 and says so.
     rc=0
