@@ -214,14 +214,12 @@ xts_mul_x (__m512i t, unsigned s, __m512i poly)
 /* --- the cipher ------------------------------------------------------- */
 
 /* ROUNDS (10 or 14, a constant where this is inlined) of AES over 8
- * registers, k the broadcast round keys (encryption or inverse).
+ * registers, k the broadcast round keys (encryption or inverse), after
+ * the first AddRoundKey (k[0]), which the caller has done.
  */
 XTS_VAES_TARGET static inline __attribute__ ((always_inline)) void
 xts_aes8 (__m512i *d, const __m512i *k, unsigned rounds, bool enc)
 {
-#pragma GCC unroll 8
-  for (unsigned i = 0; i < 8; i++)
-    d[i] = _mm512_xor_si512 (d[i], k[0]);
 #pragma GCC unroll 14
   for (unsigned r = 1; r < rounds; r++)
 #pragma GCC unroll 8
@@ -291,10 +289,15 @@ xts_vaes_run (const struct crypt_xts *x, bool enc, unsigned rounds,
 #pragma GCC unroll 7
         for (unsigned i = 1; i < 8; i++)
           tw[i] = xts_mul_x (t, 4 * i, poly);
+        /* in ^ tweak ^ k[0] (the first AddRoundKey) in one ternary
+         * logic op: the AES units' ports are this loop's bottleneck,
+         * and every other vector op there competes for them.
+         */
 #pragma GCC unroll 8
         for (unsigned i = 0; i < 8; i++)
-          d[i] = _mm512_xor_si512 (_mm512_loadu_si512 (in + done + 64 * i),
-                                   tw[i]);
+          d[i] = _mm512_ternarylogic_epi64 (_mm512_loadu_si512 (in + done +
+                                                                64 * i),
+                                            tw[i], k[0], 0x96);
         xts_aes8 (d, k, rounds, enc);
 #pragma GCC unroll 8
         for (unsigned i = 0; i < 8; i++)
