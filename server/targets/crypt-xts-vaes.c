@@ -14,7 +14,7 @@
  * the pipeline), the tweak XORed on both sides (folded into the first
  * and last AddRoundKey), the sectors' first tweaks 32 at a time.  Where
  * the time goes (Zen 4, where a 512-bit VAES round takes a cycle): of
- * about 150 cycles per 512 bytes of AES-256, 112 are the AES rounds; the
+ * 150-160 cycles per 512 bytes of AES-256, 112 are the AES rounds; the
  * tweak multiplications take most of the rest.  The AES is the CPU's;
  * the key schedule is the standard AES-NI one (Intel's AES-NI white
  * paper), and tests/test-unit-crypt.c checks every output against
@@ -219,6 +219,10 @@ xts_mul_xv (__m512i t, __m512i ts, __m512i sv, __m512i rv, __m512i poly,
   return _mm512_ternarylogic_epi64 (sh, fold, e, 0x96);         /* ^ ^ */
 }
 
+/* xts_mul_xv with one count s for every word, in the shifts' immediate
+ * forms: given constant count vectors, GCC 12 still emits the variable
+ * forms with the counts loaded from memory, 2-3% slower (bench-xts).
+ */
 XTS_VAES_TARGET static inline __m512i
 xts_mul_x (__m512i t, __m512i ts, unsigned s, __m512i poly, __m512i e)
 {
@@ -302,7 +306,7 @@ xts_vaes_run (const struct crypt_xts *x, bool enc, unsigned rounds,
               uint64_t len)
 {
   const size_t ss = x->sector_size;
-  const __m512i poly = _mm512_set1_epi64 (0x86);   /* xts_mul_xv */
+  const __m512i poly = _mm512_set1_epi64 (0x86);   /* H * 0x86: xts_mul_xv */
   /* Lane j of the first register of a sector: its first tweak times x^j. */
   const __m512i sv0 = _mm512_set_epi64 (3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i rv0 = _mm512_set_epi64 (61, 61, 62, 62, 63, 63, 64, 64);
