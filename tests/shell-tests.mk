@@ -47,6 +47,7 @@ SHELL_TESTS = \
 	test-multipath-flush.sh \
 	test-multipath-caps.sh \
 	test-multipath-netns.sh \
+	test-multipath-stall.sh \
 	test-remote-multiconn.sh \
 	test-remote-replies.sh \
 	test-remote-lookup.sh \

@@ -6,7 +6,9 @@
  *     in flight that has completed nothing for the table's path timeout
  *     is failed, and its requests are given up on it (backend_abandon:
  *     they complete with EIO once nothing can write into their buffers,
- *     and the target reissues them elsewhere).  Also no_path_retry: no
+ *     and the target reissues them elsewhere), unless it is the last
+ *     active path of a device that does not queue (mpath_fail_silent_path:
+ *     there is nowhere to reissue them).  Also no_path_retry: no
  *     path for N checker intervals stops the queueing.  It never waits
  *     for I/O.
  *   mapper-mpathc (the path checker), every table's checker interval:
@@ -84,10 +86,22 @@ watch_path (struct mpath *m, struct mpath_path *p, uint64_t now)
   if (last >= now || now - last < m->path_timeout_ns ||
       p->abandoned_mark == last)
     return;
-  p->abandoned_mark = last;
   snprintf (why, sizeof why, "no reply for %" PRIu64 " ms",
             (now - last) / 1000000);
-  mpath_fail_path (m, p, false, why);
+  if (!mpath_fail_silent_path (m, p, why)) {
+    /* The last path, not queueing: left as it is, and looked at again
+     * every tick (another path may come back, or queueing be turned on);
+     * logged once per silence.
+     */
+    if (p->kept_mark != last && mapper_log)
+      mapper_log ("multipath %s: path %s: %s, but it is the last active "
+                  "path and the device does not queue: not failed, its "
+                  "requests wait (remote-timeout)",
+                  target_origin (m->ti), backend_name (p->be), why);
+    p->kept_mark = last;
+    return;
+  }
+  p->abandoned_mark = last;
   if (!backend_abandon (p->be, m) && mapper_debug)
     mapper_debug ("multipath %s: path %s: its requests cannot be given up "
                   "(%s); they complete where they are",

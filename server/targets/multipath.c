@@ -71,9 +71,13 @@ mpath_update_queueing (struct mpath *m)
   pthread_cond_broadcast (&m->cond);
 }
 
-void
-mpath_fail_path (struct mpath *m, struct mpath_path *p, bool admin,
-                 const char *why)
+/* keep_last: not if p is the last active path and the device would
+ * fail I/O without it (neither queueing nor in a noflush suspend, which
+ * holds it at the gate): false then, and nothing changes.
+ */
+static bool
+fail_path (struct mpath *m, struct mpath_path *p, bool admin,
+           bool keep_last, const char *why)
 {
   unsigned left;
 
@@ -82,7 +86,12 @@ mpath_fail_path (struct mpath *m, struct mpath_path *p, bool admin,
   pthread_mutex_lock (&m->lock);
   if (!atomic_load (&p->active)) {
     pthread_mutex_unlock (&m->lock);
-    return;
+    return true;
+  }
+  if (keep_last && atomic_load (&m->nr_valid) == 1 &&
+      !atomic_load (&m->queueing) && !m->noflush_suspending) {
+    pthread_mutex_unlock (&m->lock);
+    return false;
   }
   atomic_store (&p->active, false);
   atomic_fetch_add (&p->fail_count, 1);
@@ -94,6 +103,21 @@ mpath_fail_path (struct mpath *m, struct mpath_path *p, bool admin,
   pthread_mutex_unlock (&m->lock);
   target_event (m->ti, "path %s failed (%s), %u of %u paths left",
                 backend_name (p->be), why, left, m->nr_paths);
+  return true;
+}
+
+void
+mpath_fail_path (struct mpath *m, struct mpath_path *p, bool admin,
+                 const char *why)
+{
+  fail_path (m, p, admin, false, why);
+}
+
+bool
+mpath_fail_silent_path (struct mpath *m, struct mpath_path *p,
+                        const char *why)
+{
+  return fail_path (m, p, false, true, why);
 }
 
 void

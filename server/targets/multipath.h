@@ -52,6 +52,7 @@ struct mpath_path {
   uint64_t seen_completions;    /* completions when it last looked */
   uint64_t progress_ns;         /* when it saw them move, or busy_seen_ns */
   uint64_t abandoned_mark;      /* the last sign of life it gave up on */
+  uint64_t kept_mark;           /* ...or logged as kept (the last path) */
   /* The checker's. */
   uint64_t next_check_ns;
 } __attribute__ ((aligned (64)));
@@ -111,6 +112,15 @@ void mpath_fail_path (struct mpath *m, struct mpath_path *p, bool admin,
                       const char *why);
 void mpath_reinstate_path (struct mpath *m, struct mpath_path *p,
                            bool checker);
+/* The watchdog's: mpath_fail_path, except that the last active path of
+ * a device that would then fail I/O (not queueing) stays: false then.
+ * Failing it could only turn its requests into EIO, and a silence shared
+ * by every path (a slow flush on the storage behind them all, a stalled
+ * host) is no reason to: they wait where they are, for remote-timeout at
+ * most, as without a path timeout.
+ */
+bool mpath_fail_silent_path (struct mpath *m, struct mpath_path *p,
+                             const char *why);
 /* The accounting around a clone on p. */
 void mpath_path_start (struct mpath_path *p, uint64_t len);
 void mpath_path_end (struct mpath_path *p, uint64_t len);
