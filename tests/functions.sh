@@ -647,6 +647,12 @@ stop_pidfile ()
          "SIG${2:-TERM}: killed with SIGKILL." \
          "Command: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" \
          "Threads:$threads" >&2
+    # Where exactly: a hang seen once in a hundred runs is otherwise lost.
+    if command -v gdb > /dev/null; then
+        echo "$0: the stacks of pid $pid:" >&2
+        timeout 60 gdb -p "$pid" -batch -nx -ex 'thread apply all bt' \
+            < /dev/null 2>/dev/null | grep -E '^(Thread|#)' | head -300 >&2 || :
+    fi
     kill -9 "$pid" 2>/dev/null || :
     _stop_failed=1
     return 1

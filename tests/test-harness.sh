@@ -56,6 +56,11 @@ echo "case passed"
 EOF
 says killed 'case passed'
 says killed 'did not exit within 2 s of SIGTERM: killed with SIGKILL'
+# ...and where its threads were, when gdb is there (install-deps has it).
+if command -v gdb > /dev/null; then
+    says killed '^Thread [0-9]+ .*LWP [0-9]+'
+    says killed '^#[0-9]+ +.* in '
+fi
 
 # 2. mapper --timeout: nbdkit killed, the caller sees 124, the test fails.
 run_case timeout 1 <<EOF
