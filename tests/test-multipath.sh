@@ -6,8 +6,13 @@
 #  1. fio --verify runs while each server in turn is killed with SIGKILL
 #     and restarted: fio sees no error, the path is failed (status F,
 #     fail count 1, a logged event) and the path checker reinstates it
-#     once its server is back; remote-timeout is 600 s, so the failover is
-#     the path timeout's (1 s).  The device then reads back the file.
+#     once its server is back.  The failover is the lost connection's
+#     (a remote path's clones fail fast), not remote-timeout's (600 s)
+#     nor the path timeout's (5 s here: with 1 s, under load, a flush
+#     slowed by a busy disk was taken for a dead path now and then, and
+#     the fail counts below came out 2 or 3; test-multipath-netns.sh and
+#     test-multipath-stall.sh test the path timeout).  The device then
+#     reads back the file.
 #     A server killed and left down until the end of a fio run (which
 #     flushes every 16 writes): no error either, the flushes do without
 #     it.
@@ -34,7 +39,7 @@ nbds n "$disk"
 K=$(kit_uri k) Q=$(qemu_uri q) N=$(nbds_uri n)
 
 cat > "$tmpdir/m.table" <<EOT
-0 32768 multipath 2 checker_interval_msecs 200 0 1 1 round-robin 0 3 0 $K $Q $N
+0 32768 multipath 4 checker_interval_msecs 200 path_timeout_msecs 5000 0 1 1 round-robin 0 3 0 $K $Q $N
 EOT
 start_mapper "$tmpdir/m.table" remote-timeout=600
 ms status m
