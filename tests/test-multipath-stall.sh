@@ -15,6 +15,8 @@
 #  2. With queue_if_no_path the last path is failed too (the read is
 #     queued, not failed), and the read completes once the checker has
 #     reinstated a path.
+#  3. SIGTERM while the last path is kept with a read on it: the server
+#     stops (the read fails), without waiting for remote-timeout.
 # qemu-nbd, not nbdkit: giving a path up closes its connections while
 # its server may be sending a reply, which nbdkit 1.32 aborts on (see
 # test-multipath-netns.sh).
@@ -72,4 +74,18 @@ go_on
 read_wait "case 2: the queued read failed once the servers went on"
 wait_path "$A" A; wait_path "$B" A
 read_check ok
+stop_server ctl
+
+# --- 3. a stop while the last path is kept ----------------------------------
+# SIGTERM with a read waiting on it: the last path is given up after all
+# (the read fails), not held for remote-timeout (600 s).
+start_mapper "$tmpdir/m.table" remote-timeout=600
+read_check ok
+stall
+read_bg gone
+wait_for grep -q 'but it is the last active path' "$tmpdir/log" ||
+    { tail -5 "$tmpdir/log"; die "case 3: the last path was not kept"; }
+stop_server ctl || die "case 3: the stop waited for the kept path"
+read_wait "case 3: the read did not end at the stop"
+go_on
 echo "$0: ok"

@@ -88,7 +88,12 @@ watch_path (struct mpath *m, struct mpath_path *p, uint64_t now)
     return;
   snprintf (why, sizeof why, "no reply for %" PRIu64 " ms",
             (now - last) / 1000000);
-  if (!mpath_fail_silent_path (m, p, why)) {
+  /* nbdkit stopping (its quit pipe, which this thread sees): the last
+   * path too, or its requests would hold the stop for remote-timeout.
+   */
+  if (mapper_request_abandoned && mapper_request_abandoned () < 0)
+    mpath_fail_path (m, p, false, why);
+  else if (!mpath_fail_silent_path (m, p, why)) {
     /* The last path, not queueing: left as it is, and looked at again
      * every tick (another path may come back, or queueing be turned on);
      * logged once per silence.
