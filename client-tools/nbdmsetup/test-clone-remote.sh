@@ -10,7 +10,8 @@
 # after, the destination equals the source plus the client's writes, the
 # source was never written, the destination stayed sparse where the
 # source is (du), and tests/clone_md.py, reading the metadata on its own,
-# finds every region hydrated.
+# finds every region hydrated.  Then a clone copying large runs to a
+# remote destination that cannot zero ends up equal to the source.
 source "$(dirname "$0")/functions-ms.sh"
 requires nbdsh --version
 requires nbdinfo --version
@@ -124,5 +125,22 @@ kb=$(du -k "$dest" | cut -f1)
 echo "destination: $kb KiB allocated of 32768"
 [ "$kb" -le $((20 * 1024 + 256)) ] ||
     die "the destination is not sparse: $kb KiB"
+
+# Large runs (512 KiB regions, 16 at a time: 8 MiB, across the 4 MiB at
+# which a copy asks the source's extents) to a remote destination that
+# cannot zero (nbdkit memory behind the nozero filter, filled with other
+# data first): the backend writes the source's holes as zeros.
+dest2=nbd+unix:///?socket=$tmpdir/dest2.sock
+start_server dest2 --filter=nozero memory 32M
+nbdinfo --can zero "$dest2" && die "the nozero destination can zero"
+fill_random "$tmpdir/junk" "$size" 9
+nbdcopy "$tmpdir/junk" "$dest2"
+md2=$(mkfile md2.img 4M)
+ms create c2 --table "0 $sectors clone $md2 $dest2 $srcuri 1024 0 4 hydration_threshold 64 hydration_batch_size 16"
+clone_hydrated c2 64
+nbdcopy "$dest2" "$tmpdir/dest2.img"
+cmp "$tmpdir/dest2.img" "$tmpdir/src.orig" ||
+    die "large runs to a destination without zero: it differs from the source"
+ms remove c2
 stop_server ctl
 echo "$0: ok"
