@@ -129,18 +129,34 @@ echo "destination: $kb KiB allocated of 32768"
 # Large runs (512 KiB regions, 16 at a time: 8 MiB, across the 4 MiB at
 # which a copy asks the source's extents) to a remote destination that
 # cannot zero (nbdkit memory behind the nozero filter, filled with other
-# data first): the backend writes the source's holes as zeros.
+# data first): the backend writes the source's holes as zeros.  The
+# client first writes the whole region at 12.5M, in the source's hole
+# (12M-20M): hydrated by that write, it is never copied over, though the
+# run before it (8M-12.5M) crosses from data into that hole in its
+# first 4 MiB, and the source's extents (asked for well ahead) go on.
 dest2=nbd+unix:///?socket=$tmpdir/dest2.sock
 start_server dest2 --filter=nozero memory 32M
 nbdinfo --can zero "$dest2" && die "the nozero destination can zero"
 fill_random "$tmpdir/junk" "$size" 9
 nbdcopy "$tmpdir/junk" "$dest2"
 md2=$(mkfile md2.img 4M)
-ms create c2 --table "0 $sectors clone $md2 $dest2 $srcuri 1024 0 4 hydration_threshold 64 hydration_batch_size 16"
+ms create c2 --table "0 $sectors clone $md2 $dest2 $srcuri 1024 1 no_hydration 4 hydration_threshold 64 hydration_batch_size 16"
+fill_random "$tmpdir/mine" 524288 11
+nbdsh -u "nbd+unix:///c2?socket=$sock" -c '
+h.pwrite(open("'"$tmpdir/mine"'", "rb").read(), 25 << 19)
+h.flush()
+'
+ms message c2 0 enable_hydration
 clone_hydrated c2 64
+python3 - "$tmpdir/src.orig" "$tmpdir/mine" "$tmpdir/want2" <<'PY'
+import sys
+d = bytearray(open(sys.argv[1], "rb").read())
+d[25 << 19:26 << 19] = open(sys.argv[2], "rb").read()
+open(sys.argv[3], "wb").write(d)
+PY
 nbdcopy "$dest2" "$tmpdir/dest2.img"
-cmp "$tmpdir/dest2.img" "$tmpdir/src.orig" ||
-    die "large runs to a destination without zero: it differs from the source"
+cmp "$tmpdir/dest2.img" "$tmpdir/want2" ||
+    die "large runs to a destination without zero: it differs from the source and the client's write"
 ms remove c2
 stop_server ctl
 echo "$0: ok"

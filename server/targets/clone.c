@@ -56,6 +56,7 @@
 #define MAX_REGIONS (1ull << 32)
 #define CLONE_WORKERS 4
 #define COPY_CHUNK (4u << 20)
+#define EXTENTS_WINDOW (256ull << 20)   /* asked for ahead (copy_range) */
 #define COMMIT_PERIOD_NS 1000000000ULL
 #define CLONE_CACHE_BLOCKS 256
 /* A remove or a server stop waits this long for a commit (the last
@@ -385,6 +386,14 @@ seg_fn (void *opaque, uint64_t offset, uint64_t length, uint32_t type)
   return 0;
 }
 
+/* Does ss (one extents answer) describe all of [off, off+n)? */
+static bool
+segs_cover (const struct segs *ss, uint64_t off, uint64_t n)
+{
+  return ss->n > 0 && ss->v[0].off <= off &&
+    off + n <= ss->v[ss->n - 1].off + ss->v[ss->n - 1].len;
+}
+
 /* Copy [off, off+len) from the source to the destination, zeroing on the
  * destination what the source reports as holes or zeros (so a sparse
  * source leaves a sparse destination).  buf: COPY_CHUNK bytes.  Its I/O
@@ -392,34 +401,57 @@ seg_fn (void *opaque, uint64_t offset, uint64_t length, uint32_t type)
  * destination (or source) that stopped answering does not hold a remove
  * or the server's exit for the remote request timeout; a copy given up
  * fails (its regions are not hydrated).
+ *
+ * known (a worker's; NULL: none) keeps the last extents answer, asked
+ * for EXTENTS_WINDOW ahead, for the next copies it covers: the source
+ * does not change under a clone, and one query may cost its server a
+ * walk to the next hole (tmpfs's SEEK_HOLE walks the page cache: asked
+ * every 4 MiB of a large written file, that was the most of a source
+ * nbdkit's CPU).
  */
 static int
-copy_range (struct clone_c *c, char *buf, uint64_t off, uint64_t len)
+copy_range (struct clone_c *c, char *buf, uint64_t off, uint64_t len,
+            struct segs *known)
 {
   struct clone_state *s = c->s;
   const struct mapper_caps *dcaps = backend_caps (c->dest_be);
   uint64_t end = off + len;
+  struct segs local, none;
+  uint64_t window = known ? EXTENTS_WINDOW : 0;
   int r;
 
+  if (known == NULL) {
+    none.n = 0;
+    known = &none;
+  }
   while (off < end) {
-    struct segs ss = { .n = 0 };
-    uint64_t n = MIN (end - off, (uint64_t) COPY_CHUNK);
+    uint64_t n = MIN (end - off, (uint64_t) COPY_CHUNK), cend = off + n;
+    struct segs *ss = known;
 
-    r = backend_extents (c->src_be, off, n, false, seg_fn, &ss);
-    if (r < 0 || ss.n == 0) {
-      ss.n = 1;
-      ss.v[0] = (struct seg) { off, n, false };
+    if (!segs_cover (known, off, n)) {
+      known->n = 0;
+      r = backend_extents (c->src_be, off,
+                           MAX (n, MIN (window, s->len - off)),
+                           false, seg_fn, known);
+      if (r < 0 || known->n == 0 || known->v[0].off > off) {
+        /* No answer: all data, and nothing kept. */
+        known->n = 0;
+        local.n = 1;
+        local.v[0] = (struct seg) { off, n, false };
+        ss = &local;
+      }
     }
-    for (unsigned i = 0; i < ss.n && off < end; i++) {
-      uint64_t a = MAX (ss.v[i].off, off);
-      uint64_t b = MIN (ss.v[i].off + ss.v[i].len, off + n);
+    /* Never past cend: known goes on beyond this chunk (and the copy). */
+    for (unsigned i = 0; i < ss->n && off < cend; i++) {
+      uint64_t a = MAX (ss->v[i].off, off);
+      uint64_t b = MIN (ss->v[i].off + ss->v[i].len, cend);
 
       if (a >= b)
         continue;
-      if (ss.v[i].zero && dcaps->can_zero)
+      if (ss->v[i].zero && dcaps->can_zero)
         r = io_sync_owned (IO_ZERO, c->dest_be, a, b - a, NULL,
                            MAPPER_MAY_TRIM, s);
-      else if (ss.v[i].zero) {
+      else if (ss->v[i].zero) {
         memset (buf, 0, b - a);
         r = io_sync_owned (IO_WRITE, c->dest_be, a, b - a, buf, 0, s);
       }
@@ -515,6 +547,10 @@ static void *
 clone_worker (void *arg)
 {
   char *buf = NULL;             /* only while there is copying to do */
+  /* The source's extents, ahead: a table's own (a new table is new
+   * workers, as they stop at postsuspend).
+   */
+  struct segs known = { .n = 0 };
   struct clone_state *s;
   unsigned me;
 
@@ -564,7 +600,7 @@ clone_worker (void *arg)
 
     region_range (s, r, n, &off, &len);
     request_wait_cancel = &s->cancel;
-    e = copy_range (c, buf, off, len);
+    e = copy_range (c, buf, off, len, &known);
     request_wait_cancel = NULL;
 
     pthread_mutex_lock (&s->lock);
@@ -1189,7 +1225,7 @@ hydrate_region (struct clone_c *c, uint64_t r)
 
   region_range (s, r, 1, &off, &len);
   buf = bounce_get (MIN (len, (uint64_t) COPY_CHUNK));
-  e = buf ? copy_range (c, buf, off, len) : -ENOMEM;
+  e = buf ? copy_range (c, buf, off, len, NULL) : -ENOMEM;
   if (buf)
     bounce_put (buf);
 
