@@ -486,11 +486,14 @@ void extent_backend_failed (struct backend *be, uint64_t offset,
 
 /* crypt-xts.c: the crypt target's AES-XTS, "VAES" where the CPU runs
  * crypt-xts-vaes.c (VAES, VPCLMULQDQ, AVX-512F, and the OS saving the
- * ZMM state), else "OpenSSL".  mapper_crypt_openssl (-D
- * mapper.crypt_openssl=1) makes transforms keyed from then on use
- * OpenSSL's even there, so that tests and benchmarks can run both.
+ * ZMM state), else "VAES-256" where it runs crypt-xts-vaes256.c (VAES,
+ * VPCLMULQDQ, AVX2, the YMM state), else "OpenSSL".
+ * mapper_crypt_openssl (-D mapper.crypt_openssl=1) makes transforms
+ * keyed from then on use OpenSSL's even there, mapper_crypt_vaes256
+ * (-D mapper.crypt_vaes256=1) the 256-bit one where the 512-bit one
+ * runs, so that tests and benchmarks can run each.
  */
-extern bool mapper_crypt_openssl;
+extern bool mapper_crypt_openssl, mapper_crypt_vaes256;
 const char *mapper_crypt_transform (void);
 
 #endif /* NBDMAPPER_TARGET_H */

@@ -519,7 +519,9 @@ xts_new (const unsigned char *key, size_t key_len, const char *mode,
   if (xts_init (x, &err) < 0)
     UNIT_FATAL ("xts_init: %s", err.msg);
   /* The path under test is the one chosen. */
-  CHECK_EQ (x->vaes, !mapper_crypt_openssl && xts_vaes_usable ());
+  CHECKF (strcmp (xts_name (x), mapper_crypt_transform ()) == 0,
+          "xts_init chose the %s transform, mapper_crypt_transform says %s",
+          xts_name (x), mapper_crypt_transform ());
   return x;
 }
 
@@ -647,9 +649,10 @@ stack_leftovers (const unsigned char (*pat)[16], size_t npat)
 }
 
 /* The vector registers as a conversion left them: zmm0-31 into out,
- * 16 blocks of 16 bytes each (where the CPU has AVX-512).  Nothing
- * between the conversion's return and this call may use them: the
- * caller calls it first.
+ * 4 blocks of 16 bytes each (where the CPU has AVX-512), or ymm0-15, 2
+ * blocks each (AVX2: all that crypt-xts-vaes256.c can use there).
+ * Nothing between the conversion's return and this call may use them:
+ * the caller calls it first.
  */
 #if XTS_HAVE_VAES
 #define ZMM_ALL(M)                                                      \
@@ -659,11 +662,22 @@ stack_leftovers (const unsigned char (*pat)[16], size_t npat)
   M (29) M (30) M (31)
 #define ZMM_STORE(n) "vmovdqu64 %%zmm" #n ", " #n "*64(%0)\n\t"
 static __attribute__ ((noinline, target ("avx512f"))) void
-vector_registers (unsigned char (*out)[16])
+vector_registers_avx512 (unsigned char (*out)[16])
 {
   __asm__ volatile (ZMM_ALL (ZMM_STORE) : : "r" (out) : "memory");
 }
 #undef ZMM_STORE
+#define YMM_ALL(M)                                                      \
+  M (0) M (1) M (2) M (3) M (4) M (5) M (6) M (7) M (8) M (9) M (10)    \
+  M (11) M (12) M (13) M (14) M (15)
+#define YMM_STORE(n) "vmovdqu %%ymm" #n ", " #n "*32(%0)\n\t"
+static __attribute__ ((noinline, target ("avx2"))) void
+vector_registers_avx2 (unsigned char (*out)[16])
+{
+  __asm__ volatile (YMM_ALL (YMM_STORE) : : "r" (out) : "memory");
+}
+#undef YMM_STORE
+#undef YMM_ALL
 
 /* Zero zmm0-31 (where the CPU has AVX-512), so that what
  * registers_leftovers finds afterwards is what the code run in between
@@ -679,16 +693,36 @@ zero_vector_registers_avx512 (void)
 }
 #undef ZMM_ZERO
 #undef ZMM_ALL
-#endif
+
+/* ymm0-15, where the CPU has AVX but not AVX-512. */
+static __attribute__ ((noinline, target ("avx"))) void
+zero_vector_registers_avx (void)
+{
+  __asm__ volatile ("vzeroall" ::: "memory");
+}
+
+/* What a VAES transform could use: 0 (none), 256 or 512 bits. */
+static unsigned
+vector_bits (void)
+{
+  __builtin_cpu_init ();
+  return xts_vaes_usable () ? 512 : xts_vaes256_usable () ? 256 : 0;
+}
 
 static void
 zero_vector_registers (void)
 {
-#if XTS_HAVE_VAES
-  if (xts_vaes_usable ())
-    zero_vector_registers_avx512 ();
-#endif
+  switch (vector_bits ()) {
+  case 512: zero_vector_registers_avx512 (); break;
+  case 256: zero_vector_registers_avx (); break;
+  }
 }
+#else
+static void
+zero_vector_registers (void)
+{
+}
+#endif
 
 /* How many of the n blocks at regs equal one of pat. */
 static size_t
@@ -704,20 +738,21 @@ blocks_found (const unsigned char (*regs)[16], size_t n,
 }
 
 /* Blocks of pat in the vector registers, read at once (0 without
- * AVX-512: the OpenSSL transform's AES-NI registers are its own).
+ * VAES: the OpenSSL transform's AES-NI registers are its own).
  */
 static __attribute__ ((noinline)) size_t
 registers_leftovers (const unsigned char (*pat)[16], size_t npat)
 {
 #if XTS_HAVE_VAES
   unsigned char regs[32 * 4][16];
-  size_t found;
+  size_t found, n;
 
-  if (!xts_vaes_usable ())
-    return 0;
-  vector_registers (regs);
-  found = blocks_found ((const unsigned char (*)[16]) regs, 32 * 4, pat,
-                        npat);
+  switch (vector_bits ()) {
+  case 512: vector_registers_avx512 (regs); n = 32 * 4; break;
+  case 256: vector_registers_avx2 (regs); n = 16 * 2; break;
+  default: return 0;
+  }
+  found = blocks_found ((const unsigned char (*)[16]) regs, n, pat, npat);
   explicit_bzero (regs, sizeof regs);   /* not for stack_leftovers to see */
   return found;
 #else
@@ -805,8 +840,9 @@ test_stack_wiped (void)
         zero_vector_registers ();
         CHECK (xts_init (x, &err) == 0);
         found = registers_leftovers ((const unsigned char (*)[16]) pat, n);
-        CHECKF (found == 0, "VAES transform, %zu-bit key: %zu round keys "
-                "left in vector registers by xts_init", key_len * 8, found);
+        CHECKF (found == 0, "%s transform, %zu-bit key: %zu round keys "
+                "left in vector registers by xts_init", xts_name (x),
+                key_len * 8, found);
       }
       for (int enc = 1; enc >= 0; enc--) {
         const char *how = enc ? "encrypting" : "decrypting";
@@ -821,7 +857,7 @@ test_stack_wiped (void)
         CHECKF (in_regs == 0 && on_stack == 0, "%s transform, %zu-bit key, "
                 "sector_size %" PRIu64 ": blocks of round keys or tweaks "
                 "left after %s: %zu in vector registers, %zu on the stack",
-                x->vaes ? "VAES" : "OpenSSL", key_len * 8, ss, how, in_regs,
+                xts_name (x), key_len * 8, ss, how, in_regs,
                 on_stack);
       }
       xts_destroy (x);
@@ -1150,15 +1186,25 @@ main (void)
                   "2 sector_size:1024 iv_large_sectors");
   test_roundtrip ("capi:xts(aes)-plain64", KEY512,
                   "2 sector_size:2048 allow_discards");
-  /* Both transforms where the CPU runs VAES (crypt-xts-vaes.c): the
-   * data paths against OpenSSL's XTS, the transform alone, and its use
-   * from many threads; then OpenSSL's (batched ECB, or XTS per sector),
-   * which is all there is elsewhere.
+  /* Every transform the CPU runs: VAES on 512-bit registers
+   * (crypt-xts-vaes.c), on 256-bit ones (crypt-xts-vaes256.c), then
+   * OpenSSL's (batched ECB, or XTS per sector), which is all there is
+   * elsewhere: the data paths against OpenSSL's XTS, the transform
+   * alone, and its use from many threads.
    */
-  for (int openssl = !xts_vaes_usable (); openssl <= 1; openssl++) {
-    mapper_crypt_openssl = openssl;
-    printf ("test-unit-crypt: the %s transform\n",
-            openssl ? "OpenSSL" : "VAES");
+  static const struct { bool openssl, vaes256; const char *name; } kinds[] = {
+    { false, false, "VAES" }, { false, true, "VAES-256" },
+    { true, false, "OpenSSL" },
+  };
+  for (size_t k = 0; k < ARRAY_SIZE (kinds); k++) {
+    mapper_crypt_openssl = kinds[k].openssl;
+    mapper_crypt_vaes256 = kinds[k].vaes256;
+    if (strcmp (mapper_crypt_transform (), kinds[k].name) != 0) {
+      printf ("test-unit-crypt: the %s transform: this CPU does not run "
+              "it\n", kinds[k].name);
+      continue;
+    }
+    printf ("test-unit-crypt: the %s transform\n", kinds[k].name);
     test_openssl_xts ();
     test_xts_alone ();
     test_stack_wiped ();

@@ -43,6 +43,11 @@ NBDKIT_DLL_PUBLIC int mapper_debug_stats_off = 0;
  * even where the VAES transform runs: for tests and bench/bench-crypt.
  */
 NBDKIT_DLL_PUBLIC int mapper_debug_crypt_openssl = 0;
+/* -D mapper.crypt_vaes256=1: the crypt target's AES-XTS on 256-bit VAES
+ * registers (what CPUs without AVX-512 run) even where the 512-bit
+ * transform runs: for tests and bench/bench-crypt.
+ */
+NBDKIT_DLL_PUBLIC int mapper_debug_crypt_vaes256 = 0;
 
 /* The first table file's device: the default export. */
 static char *default_name;
@@ -303,6 +308,7 @@ mapper_config_complete (void)
   mapper_stats_disabled = mapper_debug_stats_off != 0;
   mapper_inline_disabled = mapper_debug_inline_off != 0;
   mapper_crypt_openssl = mapper_debug_crypt_openssl != 0;
+  mapper_crypt_vaes256 = mapper_debug_crypt_vaes256 != 0;
   nbdkit_debug ("crypt: AES-XTS by the %s transform",
                 mapper_crypt_transform ());
 

@@ -3,7 +3,8 @@
  * cipher contexts and XTS itself, OpenSSL's per sector or batched from
  * AES-ECB (see "Whole sectors, two ways" below); where the CPU has VAES
  * and AVX-512, crypt-xts-vaes.c instead (about twice as fast as either,
- * bench/bench-xts), and no OpenSSL context.
+ * bench/bench-xts), and no OpenSSL context; with VAES and AVX2 but no
+ * AVX-512, crypt-xts-vaes256.c.
  *
  * Keys: the binary key and every cipher context made from it are wiped
  * (OPENSSL_cleanse, EVP_CIPHER_CTX_free) by xts_destroy, the XTS tweaks
@@ -28,11 +29,39 @@
 #define XTS_BLOCK 16
 
 bool mapper_crypt_openssl;
+bool mapper_crypt_vaes256;
+
+/* The transform a key set up now gets: the fastest this CPU runs, but
+ * as the two switches say (tests and benchmarks run each one).
+ */
+enum xts_kind { XTS_KIND_OPENSSL, XTS_KIND_VAES, XTS_KIND_VAES256 };
+
+static enum xts_kind
+xts_kind_now (void)
+{
+  if (mapper_crypt_openssl)
+    return XTS_KIND_OPENSSL;
+  if (!mapper_crypt_vaes256 && xts_vaes_usable ())
+    return XTS_KIND_VAES;
+  return xts_vaes256_usable () ? XTS_KIND_VAES256 : XTS_KIND_OPENSSL;
+}
+
+static const char *const xts_kind_names[] = {
+  [XTS_KIND_OPENSSL] = "OpenSSL", [XTS_KIND_VAES] = "VAES",
+  [XTS_KIND_VAES256] = "VAES-256",
+};
 
 const char *
 mapper_crypt_transform (void)
 {
-  return !mapper_crypt_openssl && xts_vaes_usable () ? "VAES" : "OpenSSL";
+  return xts_kind_names[xts_kind_now ()];
+}
+
+const char *
+xts_name (const struct crypt_xts *x)
+{
+  return xts_kind_names[!x->vaes ? XTS_KIND_OPENSSL
+                        : x->vaes256 ? XTS_KIND_VAES256 : XTS_KIND_VAES];
 }
 
 /* Each thread's first choice of slot (0: not chosen yet). */
@@ -109,6 +138,7 @@ int
 xts_init (struct crypt_xts *x, struct mapper_err *err)
 {
   const char *cipher_name;
+  enum xts_kind kind;
   int r;
 
   if (x->key_size != 32 && x->key_size != 64) {
@@ -120,8 +150,10 @@ xts_init (struct crypt_xts *x, struct mapper_err *err)
   if ((r = xts_check_key (x, err)) < 0)
     return r;
   x->sector_shift = __builtin_ctz (x->sector_size) - MAPPER_SECTOR_SHIFT;
-  if (!mapper_crypt_openssl && xts_vaes_usable ()) {
-    x->vaes = true;
+  kind = xts_kind_now ();
+  x->vaes = kind != XTS_KIND_OPENSSL;
+  x->vaes256 = kind == XTS_KIND_VAES256;
+  if (x->vaes) {
     xts_vaes_keys (x);
     return 0;
   }
@@ -428,7 +460,8 @@ xts_convert (struct crypt_xts *x, bool enc, uint64_t toff, const char *in,
   int r;
 
   if (x->vaes) {
-    xts_vaes_convert (x, enc, toff, in, out, len);
+    (x->vaes256 ? xts_vaes256_convert : xts_vaes_convert)
+      (x, enc, toff, in, out, len);
     return 0;
   }
   s = xts_slot_get (x);

@@ -26,8 +26,9 @@
 #define XTS_IV_SIZE 16
 #define XTS_MAX_ROUNDS 14       /* AES-256 */
 
-/* The VAES transform (crypt-xts-vaes.c) is compiled on x86-64 with a
- * compiler that has its intrinsics; it runs where the CPU has them.
+/* The VAES transforms (crypt-xts-vaes.c on 512-bit registers,
+ * crypt-xts-vaes256.c on 256-bit ones) are compiled on x86-64 with a
+ * compiler that has their intrinsics; each runs where the CPU has them.
  */
 #if defined __x86_64__ && (defined __clang__ || __GNUC__ >= 10)
 #define XTS_HAVE_VAES 1
@@ -61,7 +62,8 @@ struct crypt_xts {
   uint64_t iv_offset;                   /* 512-byte sectors */
 
   /* Set by xts_init. */
-  bool vaes;                    /* crypt-xts-vaes.c, no OpenSSL context */
+  bool vaes;                    /* a VAES transform, no OpenSSL context */
+  bool vaes256;                 /* vaes: crypt-xts-vaes256.c's */
   unsigned rounds;              /* vaes: 10 or 14 */
   /* vaes: round keys, K1 forward and inverse, K2 forward. */
   unsigned char rk[3][XTS_MAX_ROUNDS + 1][16];
@@ -112,13 +114,28 @@ xts_iv (const struct crypt_xts *x, uint64_t toff, unsigned char *iv)
   }
 }
 
+/* The transform x converts with: "VAES", "VAES-256" or "OpenSSL"
+ * (mapper_crypt_transform's names).
+ */
+const char *xts_name (const struct crypt_xts *x);
+
 /* crypt-xts-vaes.c: whether this CPU runs it; the round keys from
- * x->key (sets rounds, rk); a conversion as xts_convert's, which cannot
- * fail.
+ * x->key (sets rounds, rk), for both VAES transforms; a conversion as
+ * xts_convert's, which cannot fail; the stack below the caller's frame
+ * overwritten (where a VAES conversion spilled tweaks and keys).
  */
 bool xts_vaes_usable (void);
 void xts_vaes_keys (struct crypt_xts *x);
 void xts_vaes_convert (const struct crypt_xts *x, bool enc, uint64_t toff,
                        const char *in, char *out, uint64_t len);
+void xts_stack_wipe (void);
+
+/* crypt-xts-vaes256.c: the same on 256-bit registers, for CPUs with VAES
+ * and AVX2 but not AVX-512 (Zen 3, Alder Lake): whether this CPU runs
+ * it; a conversion (keys from xts_vaes_keys).
+ */
+bool xts_vaes256_usable (void);
+void xts_vaes256_convert (const struct crypt_xts *x, bool enc, uint64_t toff,
+                          const char *in, char *out, uint64_t len);
 
 #endif /* NBDMAPPER_CRYPT_XTS_H */
