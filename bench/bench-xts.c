@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* bench-xts: the crypt target's transform alone (crypt-xts.c), without
  * nbdkit, fio or I/O: CPU time per request of xts_convert on the VAES
- * transform (where the CPU has it) and on the OpenSSL one (the batched
- * AES-ECB XTS, as before crypt-xts-vaes.c), and OpenSSL's own AES-XTS
+ * transforms (where the CPU has them: 512-bit registers, and 256-bit
+ * ones, what CPUs without AVX-512 run) and on the OpenSSL one (the
+ * batched AES-ECB XTS, as before crypt-xts-vaes.c), and OpenSSL's own AES-XTS
  * two ways: one EVP call per sector, each setting its IV (what a user of
  * OpenSSL encrypting sectors writes, and what the OpenSSL transform does
  * for sectors of 2048 bytes and more), and one call per request for
@@ -47,7 +48,7 @@ cpu_ns (void)
 }
 
 static struct crypt_xts *
-xts_make (bool openssl)
+xts_make (bool openssl, bool vaes256)
 {
   struct crypt_xts *x = calloc (1, sizeof *x);
   struct mapper_err err = { "" };
@@ -60,6 +61,7 @@ xts_make (bool openssl)
   x->sector_size = sector;
   x->iv_mode = XTS_IV_PLAIN64;
   mapper_crypt_openssl = openssl;
+  mapper_crypt_vaes256 = vaes256;
   if (xts_init (x, &err) < 0) {
     fprintf (stderr, "bench-xts: xts_init: %s\n", err.msg);
     exit (1);
@@ -129,10 +131,12 @@ main (int argc, char *argv[])
 {
   int rounds = 7, c;
   char *buf;
-  struct crypt_xts *xv = NULL, *xo;
-  bool vaes = xts_vaes_usable ();
-  double t[4][64];
-  const char *name[4] = { "crypt, VAES transform", "crypt, OpenSSL transform",
+  struct crypt_xts *xv = NULL, *xv256 = NULL, *xo;
+  bool vaes = xts_vaes_usable (), vaes256 = xts_vaes256_usable ();
+  double t[5][64];
+  const char *name[5] = { "crypt, VAES transform",
+                          "crypt, VAES-256 transform",
+                          "crypt, OpenSSL transform",
                           "OpenSSL EVP AES-XTS, per sector",
                           "OpenSSL EVP AES-XTS, one call" };
 
@@ -158,21 +162,26 @@ main (int argc, char *argv[])
     abort ();
   memset (buf, 0x5a, req);
   if (vaes)
-    xv = xts_make (false);
-  xo = xts_make (true);
+    xv = xts_make (false, false);
+  if (vaes256)
+    xv256 = xts_make (false, true);
+  xo = xts_make (true, false);
   printf ("bench-xts: %zu-byte requests, AES-%zu-XTS, %zu-byte sectors, "
-          "%ld requests x %d rounds; VAES %s\n", req, key_size * 4, sector,
-          requests, rounds, vaes ? "available" : "not available");
+          "%ld requests x %d rounds; VAES %s, VAES-256 %s\n", req,
+          key_size * 4, sector, requests, rounds,
+          vaes ? "available" : "not available",
+          vaes256 ? "available" : "not available");
   for (int r = 0; r < rounds; r++) {
     t[0][r] = vaes ? run_xts (xv, buf) : 0;
-    t[1][r] = run_xts (xo, buf);
-    t[2][r] = run_evp (buf, true);
-    t[3][r] = run_evp (buf, false);
+    t[1][r] = vaes256 ? run_xts (xv256, buf) : 0;
+    t[2][r] = run_xts (xo, buf);
+    t[3][r] = run_evp (buf, true);
+    t[4][r] = run_evp (buf, false);
   }
-  for (int k = 0; k < 4; k++) {
+  for (int k = 0; k < 5; k++) {
     double m;
 
-    if (k == 0 && !vaes)
+    if ((k == 0 && !vaes) || (k == 1 && !vaes256))
       continue;
     qsort (t[k], rounds, sizeof t[k][0], cmp);
     m = t[k][rounds / 2];
@@ -184,6 +193,10 @@ main (int argc, char *argv[])
   if (xv) {
     xts_destroy (xv);
     free (xv);
+  }
+  if (xv256) {
+    xts_destroy (xv256);
+    free (xv256);
   }
   xts_destroy (xo);
   free (xo);
