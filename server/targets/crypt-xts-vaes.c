@@ -8,11 +8,15 @@
  * much as the sector's AES; the ECB-batched XTS of crypt-xts.c avoids
  * that call but makes three passes over the data (tweaks out, ECB, tweaks
  * in), as many instructions as the AES itself (callgrind: 1.1 of 2.5
- * instructions per byte).  Here one pass: per 512 bytes, 8 registers of
- * 4 blocks each, their tweaks derived from the sector's first one in
- * registers, 15 VAES rounds over the 8 (enough independent work to fill
- * the pipeline), the tweak XORed on both sides (folded into the first
- * and last AddRoundKey), the sectors' first tweaks 32 at a time.  Where
+ * instructions per byte).  Here one pass (crypt-xts-vaes-run.h, shared
+ * with the 256-bit transform of crypt-xts-vaes256.c): per 512 bytes, 8
+ * registers of 4 blocks each, their tweaks derived from the sector's
+ * first one in registers, 15 VAES rounds over the 8 (enough independent
+ * work to fill the pipeline), the tweak XORed on both sides (folded into
+ * the first and last AddRoundKey), the sectors' first tweaks 32 at a
+ * time.  This file has what is the 512-bit width's own: the CPU check,
+ * the key schedule (both widths'), the tweak multiplication, clearing
+ * the registers.  Where
  * the time goes (Zen 4, where a 512-bit VAES round takes a cycle): of
  * 150-160 cycles per 512 bytes of AES-256, 112 are the AES rounds; the
  * tweak multiplications take most of the rest.  The AES is the CPU's;
@@ -241,160 +245,75 @@ xts_swap_words (__m512i t)
 
 /* --- the cipher ------------------------------------------------------- */
 
-/* ROUNDS (10 or 14, a constant where this is inlined) of AES over 8
- * registers, k the broadcast round keys (encryption or inverse), after
- * the first AddRoundKey, which the caller has done, and with kl[i] as
- * register i's last round key: the XTS output XOR with the tweak folded
- * into the last AddRoundKey (k[rounds] ^ tweak).
+/* crypt-xts-vaes-run.h's primitives on 512-bit registers, 4 blocks each. */
+#define XV_VEC __m512i
+#define XV_BLOCKS 4
+/* In batches of 32 the 8 chains of first tweaks run side by side at the
+ * AES units' throughput, and the stalls are 8 times rarer: 11% faster
+ * than one register just before its 4 sectors.
  */
-XTS_VAES_TARGET static inline __attribute__ ((always_inline)) void
-xts_aes8 (__m512i *d, const __m512i *k, const __m512i *kl, unsigned rounds,
-          bool enc)
+#define XV_BATCH 32
+#define XV_TARGET XTS_VAES_TARGET
+#define XV_(name) xts_vaes_##name
+#define XV_CONVERT xts_vaes_convert
+/* The plain operations, as the intrinsics are named at this width. */
+#define xv_load(p) _mm512_loadu_si512 (p)
+#define xv_loada(p) _mm512_load_si512 (p)
+#define xv_store(p, v) _mm512_storeu_si512 ((p), (v))
+#define xv_zero _mm512_setzero_si512
+#define xv_xor _mm512_xor_si512
+#define xv_aesenc _mm512_aesenc_epi128
+#define xv_aesdec _mm512_aesdec_epi128
+#define xv_aesenclast _mm512_aesenclast_epi128
+#define xv_aesdeclast _mm512_aesdeclast_epi128
+#define XV_INLINE XTS_VAES_TARGET static inline __attribute__ ((always_inline))
+
+XV_INLINE __m512i
+xv_bcast (const unsigned char *p)
 {
-#pragma GCC unroll 14
-  for (unsigned r = 1; r < rounds; r++)
-#pragma GCC unroll 8
-    for (unsigned i = 0; i < 8; i++)
-      d[i] = enc ? _mm512_aesenc_epi128 (d[i], k[r])
-        : _mm512_aesdec_epi128 (d[i], k[r]);
-#pragma GCC unroll 8
-  for (unsigned i = 0; i < 8; i++)
-    d[i] = enc ? _mm512_aesenclast_epi128 (d[i], kl[i])
-      : _mm512_aesdeclast_epi128 (d[i], kl[i]);
+  return _mm512_broadcast_i32x4 (_mm_loadu_si128 ((const __m128i *) p));
 }
 
-/* Sectors whose first tweaks, E_K2 (IV), are computed together: 8
- * registers of 4.  One register per 4 sectors, just before them, was a
- * chain of 15 dependent AES rounds (60 cycles) that the sectors' own
- * work, filling the CPU's window, could not overlap, and a
- * store-forwarding stall (IVs stored as 4 words, loaded as one register):
- * 18% of the transform's time (bench-xts, 128K, against constant
- * tweaks).  In batches of 32 the 8 chains run side by side at the AES
- * units' throughput, and the stalls are 8 times rarer: 11% faster.
+/* One ternary logic op: the AES units' ports are the loop's bottleneck,
+ * and every other vector op there competes for them.
  */
-#define XTS_BATCH 32
-
-/* The first tweaks of sectors toff, toff + ss, ... (nreg registers, a
- * constant where this is inlined: 4 * nreg sectors, those past nsec
- * computed for sector 0 again), into ft (4 * nreg of 16 bytes).
- */
-XTS_VAES_TARGET static inline __attribute__ ((always_inline)) void
-xts_first_tweaks (const struct crypt_xts *x, const __m512i *kt,
-                  unsigned rounds, uint64_t toff, size_t nsec,
-                  unsigned nreg, __m512i *ft)
+XV_INLINE __m512i
+xv_xor3 (__m512i a, __m512i b, __m512i c)
 {
-  unsigned char iv[XTS_BATCH][XTS_IV_SIZE] __attribute__ ((aligned (64)));
-
-  for (size_t k = 0; k < 4 * nreg; k++)
-    xts_iv (x, toff + (k < nsec ? k : 0) * x->sector_size, iv[k]);
-#pragma GCC unroll 8
-  for (unsigned i = 0; i < nreg; i++)
-    ft[i] = _mm512_xor_si512 (_mm512_load_si512 (iv[4 * i]), kt[0]);
-#pragma GCC unroll 14
-  for (unsigned r = 1; r < rounds; r++)
-#pragma GCC unroll 8
-    for (unsigned i = 0; i < nreg; i++)
-      ft[i] = _mm512_aesenc_epi128 (ft[i], kt[r]);
-#pragma GCC unroll 8
-  for (unsigned i = 0; i < nreg; i++)
-    ft[i] = _mm512_aesenclast_epi128 (ft[i], kt[rounds]);
+  return _mm512_ternarylogic_epi64 (a, b, c, 0x96);
 }
 
-XTS_VAES_TARGET static inline __attribute__ ((always_inline)) void
-xts_vaes_run (const struct crypt_xts *x, bool enc, unsigned rounds,
-              uint64_t toff, const unsigned char *in, unsigned char *out,
-              uint64_t len)
+XV_INLINE __m512i
+xv_swap (__m512i t)
 {
-  const size_t ss = x->sector_size;
-  const __m512i poly = _mm512_set1_epi64 (0x86);   /* H * 0x86: xts_mul_xv */
-  /* Lane j of the first register of a sector: its first tweak times x^j. */
+  return xts_swap_words (t);
+}
+
+XV_INLINE __m512i
+xv_mul_x (__m512i t, __m512i ts, unsigned s, __m512i e)
+{
+  return xts_mul_x (t, ts, s, _mm512_set1_epi64 (0x86), e);
+}
+
+/* Lane j: T x^j. */
+XV_INLINE __m512i
+xv_lanes (const unsigned char *T)
+{
   const __m512i sv0 = _mm512_set_epi64 (3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i rv0 = _mm512_set_epi64 (61, 61, 62, 62, 63, 63, 64, 64);
-  const __m512i zero = _mm512_setzero_si512 ();
-  __m512i k[XTS_MAX_ROUNDS + 1], kt[XTS_MAX_ROUNDS + 1];
-  __m512i k0l;                  /* k[0] ^ k[rounds] */
-  __m512i ft[XTS_BATCH / 4];    /* the batch's first tweaks */
+  __m512i t = xv_bcast (T);
 
-  for (unsigned r = 0; r <= rounds; r++) {
-    k[r] = _mm512_broadcast_i32x4 (_mm_loadu_si128 ((const __m128i *)
-               x->rk[enc ? XTS_RK_ENC : XTS_RK_DEC][r]));
-    kt[r] = _mm512_broadcast_i32x4 (_mm_loadu_si128 ((const __m128i *)
-                x->rk[XTS_RK_TWEAK][r]));
-  }
-  k0l = _mm512_xor_si512 (k[0], k[rounds]);
-  for (uint64_t done = 0; done < len; ) {
-    size_t nsec = MIN ((len - done) / ss, XTS_BATCH);
-
-    /* Only as many registers as the sectors need, in three sizes: a
-     * 4K request (8 sectors) does not pay for 32.
-     */
-    if (nsec <= 4)
-      xts_first_tweaks (x, kt, rounds, toff + done, nsec, 1, ft);
-    else if (nsec <= 8)
-      xts_first_tweaks (x, kt, rounds, toff + done, nsec, 2, ft);
-    else
-      xts_first_tweaks (x, kt, rounds, toff + done, nsec, XTS_BATCH / 4, ft);
-    for (size_t s = 0; s < nsec; s++) {
-      /* Blocks 0-3 of the sector: T, T x, T x^2, T x^3. */
-      __m512i t = _mm512_broadcast_i32x4 (_mm_load_si128 ((const __m128i *)
-                                                           ft + s));
-
-      t = xts_mul_xv (t, xts_swap_words (t), sv0, rv0, poly, zero);
-      for (size_t c = 0; c < ss; c += XTS_CHUNK, done += XTS_CHUNK) {
-        const __m512i ts = xts_swap_words (t);
-        /* Register i's tweak, blocks 4i..4i+3, t x^(4i) (independent of
-         * each other: no chain of dependent multiplications), XORed
-         * with the last round key, which makes it that register's last
-         * round key (xts_aes8).
-         */
-        __m512i twl[8], d[8];
-
-        twl[0] = _mm512_xor_si512 (t, k[rounds]);
-#pragma GCC unroll 7
-        for (unsigned i = 1; i < 8; i++)
-          twl[i] = xts_mul_x (t, ts, 4 * i, poly, k[rounds]);
-        /* in ^ tweak ^ k[0] (the first AddRoundKey) in one ternary
-         * logic op, as in ^ (tweak ^ k[rounds]) ^ (k[0] ^ k[rounds]):
-         * the AES units' ports are this loop's bottleneck, and every
-         * other vector op there competes for them.
-         */
-#pragma GCC unroll 8
-        for (unsigned i = 0; i < 8; i++)
-          d[i] = _mm512_ternarylogic_epi64 (_mm512_loadu_si512 (in + done +
-                                                                64 * i),
-                                            twl[i], k0l, 0x96);
-        xts_aes8 (d, k, twl, rounds, enc);
-#pragma GCC unroll 8
-        for (unsigned i = 0; i < 8; i++)
-          _mm512_storeu_si512 (out + done + 64 * i, d[i]);
-        if (c + XTS_CHUNK < ss)         /* not for 512-byte sectors */
-          t = xts_mul_x (t, ts, 32, poly, zero);
-      }
-    }
-  }
-  /* Round keys and tweaks: not left in registers, nor on the stack. */
-  xts_clear_vectors ();
-  OPENSSL_cleanse (k, sizeof k);
-  OPENSSL_cleanse (kt, sizeof kt);
-  OPENSSL_cleanse (&k0l, sizeof k0l);
-  OPENSSL_cleanse (ft, sizeof ft);
+  return xts_mul_xv (t, xts_swap_words (t), sv0, rv0,
+                     _mm512_set1_epi64 (0x86), xv_zero ());
 }
 
-/* One function per direction and key size, so that the rounds are
- * unrolled with constants.
- */
-#define XTS_VAES_VARIANT(name, enc, rounds)                             \
-  XTS_VAES_TARGET static void                                           \
-  name (const struct crypt_xts *x, uint64_t toff,                       \
-        const unsigned char *in, unsigned char *out, uint64_t len)      \
-  {                                                                     \
-    xts_vaes_run (x, (enc), (rounds), toff, in, out, len);              \
-  }
-XTS_VAES_VARIANT (xts_vaes_enc10, true, 10)
-XTS_VAES_VARIANT (xts_vaes_dec10, false, 10)
-XTS_VAES_VARIANT (xts_vaes_enc14, true, 14)
-XTS_VAES_VARIANT (xts_vaes_dec14, false, 14)
-#undef XTS_VAES_VARIANT
+XV_INLINE void
+xv_clear (void)
+{
+  xts_clear_vectors ();
+}
+
+#include "crypt-xts-vaes-run.h"
 
 /* Overwrite the stack below the caller's frame, where the function it
  * called last ran: the xts_vaes_* frames (about 3K with GCC 12; twice as
@@ -409,20 +328,6 @@ xts_stack_wipe (void)
   unsigned char buf[XTS_STACK_WIPE];
 
   OPENSSL_cleanse (buf, sizeof buf);
-}
-
-void
-xts_vaes_convert (const struct crypt_xts *x, bool enc, uint64_t toff,
-                  const char *in, char *out, uint64_t len)
-{
-  const unsigned char *i = (const unsigned char *) in;
-  unsigned char *o = (unsigned char *) out;
-
-  if (x->rounds == 10)
-    (enc ? xts_vaes_enc10 : xts_vaes_dec10) (x, toff, i, o, len);
-  else
-    (enc ? xts_vaes_enc14 : xts_vaes_dec14) (x, toff, i, o, len);
-  xts_stack_wipe ();            /* the spilled tweaks */
 }
 
 #else /* !XTS_HAVE_VAES */
