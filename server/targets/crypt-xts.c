@@ -34,7 +34,6 @@ bool mapper_crypt_vaes256;
 /* The transform a key set up now gets: the fastest this CPU runs, but
  * as the two switches say (tests and benchmarks run each one).
  */
-enum xts_kind { XTS_KIND_OPENSSL, XTS_KIND_VAES, XTS_KIND_VAES256 };
 
 static enum xts_kind
 xts_kind_now (void)
@@ -60,8 +59,7 @@ mapper_crypt_transform (void)
 const char *
 xts_name (const struct crypt_xts *x)
 {
-  return xts_kind_names[!x->vaes ? XTS_KIND_OPENSSL
-                        : x->vaes256 ? XTS_KIND_VAES256 : XTS_KIND_VAES];
+  return xts_kind_names[x->kind];
 }
 
 /* Each thread's first choice of slot (0: not chosen yet). */
@@ -138,7 +136,6 @@ int
 xts_init (struct crypt_xts *x, struct mapper_err *err)
 {
   const char *cipher_name;
-  enum xts_kind kind;
   int r;
 
   if (x->key_size != 32 && x->key_size != 64) {
@@ -150,10 +147,8 @@ xts_init (struct crypt_xts *x, struct mapper_err *err)
   if ((r = xts_check_key (x, err)) < 0)
     return r;
   x->sector_shift = __builtin_ctz (x->sector_size) - MAPPER_SECTOR_SHIFT;
-  kind = xts_kind_now ();
-  x->vaes = kind != XTS_KIND_OPENSSL;
-  x->vaes256 = kind == XTS_KIND_VAES256;
-  if (x->vaes) {
+  x->kind = xts_kind_now ();
+  if (x->kind != XTS_KIND_OPENSSL) {
     xts_vaes_keys (x);
     return 0;
   }
@@ -459,10 +454,15 @@ xts_convert (struct crypt_xts *x, bool enc, uint64_t toff, const char *in,
   EVP_CIPHER_CTX *data, *tweak = NULL;
   int r;
 
-  if (x->vaes) {
-    (x->vaes256 ? xts_vaes256_convert : xts_vaes_convert)
-      (x, enc, toff, in, out, len);
+  switch (x->kind) {
+  case XTS_KIND_VAES:
+    xts_vaes_convert (x, enc, toff, in, out, len);
     return 0;
+  case XTS_KIND_VAES256:
+    xts_vaes256_convert (x, enc, toff, in, out, len);
+    return 0;
+  case XTS_KIND_OPENSSL:
+    break;
   }
   s = xts_slot_get (x);
   ctxs = s ? s->ctx : tmp;

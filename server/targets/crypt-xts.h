@@ -37,6 +37,10 @@
 #endif
 
 enum xts_iv_mode { XTS_IV_PLAIN, XTS_IV_PLAIN64, XTS_IV_PLAIN64BE };
+/* Which transform converts: OpenSSL's (contexts), or a VAES one (round
+ * keys in rk).
+ */
+enum xts_kind { XTS_KIND_OPENSSL, XTS_KIND_VAES, XTS_KIND_VAES256 };
 enum xts_rk { XTS_RK_ENC, XTS_RK_DEC, XTS_RK_TWEAK };
 
 /* The contexts of one slot, used by one thread at a time (busy).
@@ -62,10 +66,9 @@ struct crypt_xts {
   uint64_t iv_offset;                   /* 512-byte sectors */
 
   /* Set by xts_init. */
-  bool vaes;                    /* a VAES transform, no OpenSSL context */
-  bool vaes256;                 /* vaes: crypt-xts-vaes256.c's */
-  unsigned rounds;              /* vaes: 10 or 14 */
-  /* vaes: round keys, K1 forward and inverse, K2 forward. */
+  enum xts_kind kind;           /* VAES: no OpenSSL context */
+  unsigned rounds;              /* VAES: 10 or 14 */
+  /* VAES: round keys, K1 forward and inverse, K2 forward. */
   unsigned char rk[3][XTS_MAX_ROUNDS + 1][16];
   bool batched;                 /* sector_size <= XTS_BATCH_MAX_SECTOR */
   unsigned sector_shift;        /* log2 (sector_size / 512) */
