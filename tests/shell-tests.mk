@@ -30,6 +30,7 @@ SHELL_TESTS = \
 	test-flakey-ext4.sh \
 	test-crypt.sh \
 	test-crypt-luks.sh \
+	test-crypt-isa.sh \
 	test-remote-basic.sh \
 	test-remote-striped.sh \
 	test-remote-reconnect.sh \

@@ -117,8 +117,10 @@ h.flush()
 # start, before any table): with VAES on 512-bit registers, the 256-bit
 # one too; OpenSSL's everywhere.
 mkdir "$tmpdir/none"
-best=$(mapper -v -U - tables="$tmpdir/none" --run true 2>&1 |
-           sed -n 's/.*crypt: AES-XTS by the \([^ ]*\) transform.*/\1/p')
+said=$(mapper -v -U - tables="$tmpdir/none" --run true 2>&1) ||
+    die "the plugin did not start: $said"
+best=$(sed -n 's/.*crypt: AES-XTS by the \([^ ]*\) transform.*/\1/p' \
+           <<< "$said" | head -n 1)
 case $best in
 VAES) transforms="VAES VAES-256 OpenSSL" ;;
 VAES-256) transforms="VAES-256 OpenSSL" ;;

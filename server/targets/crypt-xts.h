@@ -122,16 +122,22 @@ xts_iv (const struct crypt_xts *x, uint64_t toff, unsigned char *iv)
  */
 const char *xts_name (const struct crypt_xts *x);
 
-/* crypt-xts-vaes.c: whether this CPU runs it; the round keys from
- * x->key (sets rounds, rk), for both VAES transforms; a conversion as
- * xts_convert's, which cannot fail; the stack below the caller's frame
- * overwritten (where a VAES conversion spilled tweaks and keys).
+/* crypt-xts-keys.c: the round keys from x->key (sets rounds, rk), for
+ * both VAES transforms; the stack below the caller's frame overwritten
+ * (where a VAES conversion spilled tweaks and keys); every vector
+ * register zeroed, zmm0-31 (AVX-512 only) or as many as this CPU has.
+ */
+void xts_vaes_keys (struct crypt_xts *x);
+void xts_stack_wipe (void);
+void xts_clear_zmm (void);
+void xts_clear_vectors (void);
+
+/* crypt-xts-vaes.c: whether this CPU runs it; a conversion as
+ * xts_convert's, which cannot fail.
  */
 bool xts_vaes_usable (void);
-void xts_vaes_keys (struct crypt_xts *x);
 void xts_vaes_convert (const struct crypt_xts *x, bool enc, uint64_t toff,
                        const char *in, char *out, uint64_t len);
-void xts_stack_wipe (void);
 
 /* crypt-xts-vaes256.c: the same on 256-bit registers, for CPUs with VAES
  * and AVX2 but not AVX-512 (Zen 3, Alder Lake): whether this CPU runs
