@@ -54,8 +54,8 @@ xts_clear_zmm (void)
 #undef XTS_Z
 
 /* The same where there is no AVX-512: VZEROALL clears ymm0-15 whole
- * (what AVX2 code, glibc's memcpy among it, can use); without AVX, the
- * sixteen xmm registers that SSE code can use.
+ * (what AVX2 code, glibc's memcpy among it, can use); without AVX,
+ * xts_clear_xmm (crypt-xts.h) the sixteen that SSE code can use.
  */
 __attribute__ ((target ("avx"), noinline)) static void
 xts_clear_ymm (void)
@@ -64,20 +64,6 @@ xts_clear_ymm (void)
                     "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
                     "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 }
-
-#define XTS_X(n) "pxor %%xmm" #n ", %%xmm" #n "\n\t"
-__attribute__ ((noinline)) static void
-xts_clear_xmm (void)
-{
-  __asm__ volatile (XTS_X (0) XTS_X (1) XTS_X (2) XTS_X (3) XTS_X (4)
-                    XTS_X (5) XTS_X (6) XTS_X (7) XTS_X (8) XTS_X (9)
-                    XTS_X (10) XTS_X (11) XTS_X (12) XTS_X (13) XTS_X (14)
-                    XTS_X (15)
-                    ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5",
-                    "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-                    "xmm12", "xmm13", "xmm14", "xmm15");
-}
-#undef XTS_X
 
 /* Not inlined: the one place that chooses (tests/test-crypt-isa.sh
  * checks that only it reaches xts_clear_zmm, after a CPU check).

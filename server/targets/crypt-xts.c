@@ -362,28 +362,6 @@ xts_sectors (const struct crypt_xts *x, EVP_CIPHER_CTX *ctx, int enc,
   return 0;
 }
 
-/* The tweaks xts_tweak_xor leaves in xmm registers (the last of each
- * lane), cleared before any call could save them (a lazily bound call's
- * resolver saves the vector state on the stack) and so that a thread
- * does not keep them past a key wipe.  x86-64: the 16 SSE registers,
- * all that code built for the baseline uses.
- */
-static inline void
-xts_clear_xmm (void)
-{
-#ifdef __x86_64__
-#define XTS_X(n) "pxor %%xmm" #n ", %%xmm" #n "\n\t"
-  __asm__ volatile (XTS_X (0) XTS_X (1) XTS_X (2) XTS_X (3) XTS_X (4)
-                    XTS_X (5) XTS_X (6) XTS_X (7) XTS_X (8) XTS_X (9)
-                    XTS_X (10) XTS_X (11) XTS_X (12) XTS_X (13) XTS_X (14)
-                    XTS_X (15)
-                    ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5",
-                    "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-                    "xmm12", "xmm13", "xmm14", "xmm15", "memory");
-#undef XTS_X
-#endif
-}
-
 /* XTS from ECB, XTS_BATCH bytes at a time (data: AES-ECB with K1 for
  * the direction wanted; tweak: AES-ECB encrypting with K2).
  */
