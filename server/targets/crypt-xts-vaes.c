@@ -50,7 +50,6 @@
 
 #define XTS_VAES_TARGET \
   __attribute__ ((target ("aes,avx512f,avx512vbmi2,vaes,vpclmulqdq")))
-#define XTS_CHUNK 512           /* bytes per group of 8 registers */
 
 
 /* The CPU's features, and the OS's: GCC's and clang's runtimes report

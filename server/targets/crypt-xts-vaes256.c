@@ -70,18 +70,6 @@ xts256_mul_xv (__m256i t, __m256i sv, __m256i rv, __m256i poly, __m256i e)
   return _mm256_xor_si256 (_mm256_xor_si256 (sh, fold), e);
 }
 
-/* xts256_mul_xv with one count s for every word.  (Unlike
- * crypt-xts-vaes.c's pair, the shifts' immediate forms measured no
- * faster here: bench-xts, 3 runs each alternating, 14.1-15.2 against
- * 14.4-14.5 us per 128K.)
- */
-XTS256_TARGET static inline __m256i
-xts256_mul_x (__m256i t, unsigned s, __m256i poly, __m256i e)
-{
-  return xts256_mul_xv (t, _mm256_set1_epi64x (s),
-                        _mm256_set1_epi64x (64 - s), poly, e);
-}
-
 /* crypt-xts-vaes-run.h's primitives on 256-bit registers, 2 blocks each. */
 #define XV_VEC __m256i
 #define XV_BLOCKS 2
@@ -113,18 +101,24 @@ xv_xor3 (__m256i a, __m256i b, __m256i c)
   return _mm256_xor_si256 (_mm256_xor_si256 (a, b), c);
 }
 
-/* xts256_mul_x needs nothing of t but t. */
+/* xts256_mul_xv needs nothing of t but t. */
 XV_INLINE __m256i
 xv_swap (__m256i t)
 {
   return t;
 }
 
+/* One count s for every word.  (Unlike crypt-xts-vaes.c's xts_mul_x,
+ * the shifts' immediate forms measured no faster here: bench-xts, 3
+ * runs each alternating, 14.1-15.2 against 14.4-14.5 us per 128K.)
+ */
 XV_INLINE __m256i
 xv_mul_x (__m256i t, __m256i ts, unsigned s, __m256i e)
 {
   (void) ts;
-  return xts256_mul_x (t, s, _mm256_set1_epi64x (0x87), e);
+  return xts256_mul_xv (t, _mm256_set1_epi64x (s),
+                        _mm256_set1_epi64x (64 - s),
+                        _mm256_set1_epi64x (0x87), e);
 }
 
 /* Lane j: T x^j. */
