@@ -113,6 +113,26 @@ else
 fi
 cmp -n 4096 -i 8192:0 "$f" <(head -c 4096 /dev/zero | tr '\0' '\1') ||
     die "an inline write did not reach the server"
+# A deep queue stays the loop's: 20 bursts of 64 reads in flight at once.
+# Each burst's first read finds the loop idle, but a request came with
+# another in flight in the burst before, so none goes inline (the first
+# burst's first may).  Then alone again: after INLINE_CALM (32) requests
+# through the loop, inline again.
+before=$(inlined m r.sock)
+sh_on m d '
+for burst in range(20):
+    for i in range(64):
+        h.aio_pread(nbd.Buffer(4096), i * 8192, completion=lambda *a: 1)
+    while h.aio_in_flight() > 0:
+        h.poll(-1)
+' || die "QD64 bursts failed"
+after=$(inlined m r.sock)
+[ "$after" -le $((before + 2)) ] ||
+    { cat "$tmpdir/status.out"; die "$((after - before)) of 1280 requests at depth 64 went inline"; }
+sh_on m d 'for i in range(64): h.pread(4096, i * 8192)' || die "QD1 reads failed"
+again=$(inlined m r.sock)
+[ "$again" -ge $((after + 28)) ] ||
+    { cat "$tmpdir/status.out"; die "alone again: $((again - after)) of 64 went inline"; }
 sh_on l p 'h.pwrite(b"L" * 4096, 0); assert h.pread(4096, 0) == b"L" * 4096' ||
     die "through the loop: failed"
 [ "$(inlined l p.sock)" -eq 0 ] || die "inline_off: a request went inline"

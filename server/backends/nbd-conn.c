@@ -513,6 +513,7 @@ nbd_conn_settle (struct nbd_conn *conn)
 {
   if (conn->wire && atomic_load_explicit (&conn->nb->park,
                                           memory_order_relaxed) &&
+      atomic_load_explicit (&conn->nb->deep, memory_order_relaxed) == 0 &&
       conn->state == CONN_UP && !conn->lost &&
       conn->inflight.len == 0 && nbd_wire_idle (conn->wire) &&
       atomic_load (&conn->owner) == OWN_LOOP) {

@@ -37,6 +37,7 @@
 #define MAX_PAYLOAD (32u << 20) /* split reads/writes above this */
 #define MAX_NOPAYLOAD (1u << 30) /* and zero/trim above this */
 #define ZERO_BUF (4u << 20)     /* zeros written when the server can't zero */
+#define INLINE_CALM 32          /* requests alone before inline again */
 #ifndef SPILL
 #define SPILL 32                /* commands on a connection before the next */
 #endif
@@ -174,6 +175,10 @@ struct nbd_backend {
   _Atomic bool want, pump_queued;
   _Atomic bool park;            /* a request could have gone inline: the
                                  * loop parks idle direct connections */
+  _Atomic bool inline_busy;     /* a worker's request is inline now */
+  _Atomic unsigned deep;        /* requests still to come alone before
+                                 * one goes inline (INLINE_CALM after one
+                                 * came with another in flight) */
   struct ioloop_job pump_job;
   _Atomic uint64_t nr_inline;   /* requests done inline */
   struct wire_poll poll;        /* their reply waits (nbd_wire_inline) */

@@ -44,7 +44,9 @@
  *               the worker's traffic never wakes the loop.  inline_fd is
  *               set before the store that parks it.  Only once a request
  *               could have gone inline (nb->park): before, parking would
- *               cost the loop an epoll_ctl per request for nothing.
+ *               cost the loop an epoll_ctl per request for nothing; and
+ *               not while the client's queue is deep (nb->deep, see
+ *               nbd_try_inline in nbd.c), when no request goes inline.
  *   OWN_WORKER  one worker's, taken by compare-and-swap from PARKED
  *               (nbd_conn_take).  It sends one request with a cookie of
  *               its own, and reads exactly its reply; on success it

@@ -644,6 +644,7 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
   uint32_t flags;
   char *buf, why[128];
   uint64_t deadline;
+  unsigned deep;
   int r, error;
 
   /* One request on the socket, the worker waiting for its reply: only
@@ -652,14 +653,38 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
    * abandons what the loop holds).
    */
   if (mapper_inline_disabled ||
-      /* The loop has commands: it pipelines them, and a deep queue is
-       * its to serve (requests inline only while it has none).
-       */
-      atomic_load_explicit (&nb->outstanding, memory_order_relaxed) ||
       (c->flags & CLONE_FAILFAST) || len > part_max (nb, c) ||
       !clone_alone (c) || ioloop_in_loop_thread ())
     return false;
+  /* Only while the client keeps one request in flight.  Several are
+   * the loop's to pipeline: on one connection, one send and one recv
+   * carry many of them, and the backend is woken once for them all,
+   * where each inline request costs a round trip and a wake-up of a
+   * backend thread of its own, and holds a connection the loop cannot
+   * use; and parking connections between requests costs the loop an
+   * epoll_ctl each time.  At iodepth 64 the loop's count of commands
+   * falls to 0 now and then (nbdkit's workers are all between
+   * requests, or a request is on its way to the loop), so one look is
+   * not enough: once a request comes with another in flight, the next
+   * INLINE_CALM must come alone before one goes inline again, and the
+   * loop parks no connection meanwhile (nbd_conn_settle).  A hint, in
+   * relaxed loads and stores: racing workers may miscount by a few.
+   */
+  if (atomic_load_explicit (&nb->outstanding, memory_order_relaxed) ||
+      atomic_load_explicit (&nb->inline_busy, memory_order_relaxed) ||
+      atomic_exchange (&nb->inline_busy, true)) {
+    if (atomic_load_explicit (&nb->deep, memory_order_relaxed) !=
+        INLINE_CALM)
+      atomic_store_explicit (&nb->deep, INLINE_CALM, memory_order_relaxed);
+    return false;
+  }
+  if ((deep = atomic_load_explicit (&nb->deep, memory_order_relaxed)) > 0) {
+    atomic_store_explicit (&nb->deep, deep - 1, memory_order_relaxed);
+    atomic_store (&nb->inline_busy, false);
+    return false;
+  }
   if ((conn = nbd_conn_take (nb)) == NULL) {
+    atomic_store (&nb->inline_busy, false);
     /* From now on the loop parks idle connections (nbd_conn_settle):
      * until a request could go inline, parking would only cost the
      * loop an epoll_ctl per request.
@@ -687,6 +712,8 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
               r == -ETIMEDOUT ? "request timed out (server stalled)"
               : r == -1 ? why
               : "connection lost");     /* e.g. ESHUTDOWN: the server goes */
+    /* Before the loop has c: once c is done the backend may go. */
+    atomic_store (&nb->inline_busy, false);
     nbd_conn_give_up (conn, c,
                       ev_time () + (deadline > now ? deadline - now : 0) / 1e9,
                       r == -ETIMEDOUT, msg);
@@ -696,6 +723,7 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
     count_reply (nb, c, error, ack_mark);
     atomic_fetch_add_explicit (&nb->nr_inline, 1, memory_order_relaxed);
     /* Before c completes: then the backend may be closed. */
+    atomic_store (&nb->inline_busy, false);
     nbd_conn_release (conn);
     clone_done (c, error);
   }
