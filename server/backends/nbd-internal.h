@@ -174,7 +174,8 @@ struct nbd_backend {
    */
   _Atomic bool want, pump_queued;
   _Atomic bool park;            /* a request could have gone inline: the
-                                 * loop parks idle direct connections */
+                                 * loop parks idle direct connections
+                                 * (while deep is 0) */
   _Atomic bool inline_busy;     /* a worker's request is inline now */
   _Atomic unsigned deep;        /* requests still to come alone before
                                  * one goes inline (INLINE_CALM after one

@@ -34,7 +34,9 @@
  * multipath's) may be sent by its worker itself on an idle direct
  * connection, which then waits for its reply in poll() and reads it
  * (nbd_wire_inline, nbd_try_inline in nbd.c): send, poll, receive, and
- * no other thread woken.  Who may touch a direct connection's socket,
+ * no other thread woken.  Only while the backend has no other request
+ * in flight, and had none with the last INLINE_CALM (nb->deep): deeper
+ * queues are the loop's, which pipelines them.  Who may touch a direct connection's socket,
  * libnbd handle and wire is conn->owner (enum conn_owner, atomics):
  *
  *   OWN_LOOP    the loop's, as described above; its EV_READ watcher on.
@@ -45,8 +47,8 @@
  *               set before the store that parks it.  Only once a request
  *               could have gone inline (nb->park): before, parking would
  *               cost the loop an epoll_ctl per request for nothing; and
- *               not while the client's queue is deep (nb->deep, see
- *               nbd_try_inline in nbd.c), when no request goes inline.
+ *               not while the backend's queue is deep (nb->deep), when
+ *               no request goes inline.
  *   OWN_WORKER  one worker's, taken by compare-and-swap from PARKED
  *               (nbd_conn_take).  It sends one request with a cookie of
  *               its own, and reads exactly its reply; on success it

@@ -647,39 +647,41 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
   unsigned deep;
   int r, error;
 
+  if (mapper_inline_disabled || ioloop_in_loop_thread ())
+    return false;
+  /* Only while this backend has one request at a time.  Several are the
+   * loop's to pipeline: on one connection, one send and one recv carry
+   * many of them, and the backend is woken once for them all, where
+   * each inline request costs a round trip and a wake-up of a backend
+   * thread of its own, and holds a connection the loop cannot use; and
+   * parking connections between requests costs the loop an epoll_ctl
+   * each time.  At iodepth 64 the loop's count of commands falls to 0
+   * now and then (nbdkit's workers are all between requests, or a
+   * request is on its way to the loop), so one look is not enough: once
+   * a clone comes with another in flight (any clone, inline or not), the
+   * next INLINE_CALM must come alone before one goes inline again, and
+   * the loop parks no connection meanwhile (nbd_conn_settle).  A hint:
+   * a worker may go inline while another's clone is on its way to the
+   * loop, but no reset of the count is lost (compare-and-swap).
+   */
+  if (atomic_load_explicit (&nb->outstanding, memory_order_relaxed) ||
+      atomic_load_explicit (&nb->inline_busy, memory_order_relaxed))
+    goto deep_queue;
   /* One request on the socket, the worker waiting for its reply: only
    * for a clone that is its request's only one (others would wait
    * behind it), in one part, and not a multipath's (its path timeout
    * abandons what the loop holds).
    */
-  if (mapper_inline_disabled ||
-      (c->flags & CLONE_FAILFAST) || len > part_max (nb, c) ||
-      !clone_alone (c) || ioloop_in_loop_thread ())
+  if ((c->flags & CLONE_FAILFAST) || len > part_max (nb, c) ||
+      !clone_alone (c))
     return false;
-  /* Only while the client keeps one request in flight.  Several are
-   * the loop's to pipeline: on one connection, one send and one recv
-   * carry many of them, and the backend is woken once for them all,
-   * where each inline request costs a round trip and a wake-up of a
-   * backend thread of its own, and holds a connection the loop cannot
-   * use; and parking connections between requests costs the loop an
-   * epoll_ctl each time.  At iodepth 64 the loop's count of commands
-   * falls to 0 now and then (nbdkit's workers are all between
-   * requests, or a request is on its way to the loop), so one look is
-   * not enough: once a request comes with another in flight, the next
-   * INLINE_CALM must come alone before one goes inline again, and the
-   * loop parks no connection meanwhile (nbd_conn_settle).  A hint, in
-   * relaxed loads and stores: racing workers may miscount by a few.
-   */
-  if (atomic_load_explicit (&nb->outstanding, memory_order_relaxed) ||
-      atomic_load_explicit (&nb->inline_busy, memory_order_relaxed) ||
-      atomic_exchange (&nb->inline_busy, true)) {
-    if (atomic_load_explicit (&nb->deep, memory_order_relaxed) !=
-        INLINE_CALM)
-      atomic_store_explicit (&nb->deep, INLINE_CALM, memory_order_relaxed);
-    return false;
-  }
-  if ((deep = atomic_load_explicit (&nb->deep, memory_order_relaxed)) > 0) {
-    atomic_store_explicit (&nb->deep, deep - 1, memory_order_relaxed);
+  if (atomic_exchange (&nb->inline_busy, true))
+    goto deep_queue;
+  deep = atomic_load_explicit (&nb->deep, memory_order_relaxed);
+  if (deep > 0) {
+    atomic_compare_exchange_strong_explicit (&nb->deep, &deep, deep - 1,
+                                             memory_order_relaxed,
+                                             memory_order_relaxed);
     atomic_store (&nb->inline_busy, false);
     return false;
   }
@@ -728,6 +730,11 @@ nbd_try_inline (struct nbd_backend *nb, struct clone *c)
     clone_done (c, error);
   }
   return true;
+
+ deep_queue:
+  if (atomic_load_explicit (&nb->deep, memory_order_relaxed) != INLINE_CALM)
+    atomic_store_explicit (&nb->deep, INLINE_CALM, memory_order_relaxed);
+  return false;
 }
 
 /* --- the backend ops ------------------------------------------------- */
