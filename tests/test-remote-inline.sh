@@ -29,6 +29,7 @@ source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 requires nbdkit --version
 requires python3 -c 'import nbd'
 requires timeout --version
+requires fio --enghelp=nbd
 : "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
 poll_us=${INLINE_POLL_US:-0}
 
@@ -49,31 +50,44 @@ cleanup_fn 'kill $proxy'
 
 echo "0 131072 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
 echo "0 131072 linear nbd+unix:///?socket=$tmpdir/p.sock 0" > "$tmpdir/p.table"
+# slow: a server whose reads take 5 ms, so that at iodepth 64 requests are
+# in flight together however slowly the client runs; d2 a device over it;
+# s 1 MiB of it whose every 8K is two clones, its 4K halves swapped (so
+# never merged into one).
+fq=$(mkfile slow.img 64M)
+start_server slow --filter=delay file "$fq" delay-read=5ms
+echo "0 131072 linear nbd+unix:///?socket=$tmpdir/slow.sock 0" > "$tmpdir/d2.table"
+for k in $(seq 0 127); do
+    echo "$((k * 16)) 8 linear nbd+unix:///?socket=$tmpdir/slow.sock $((k * 16 + 8))"
+    echo "$((k * 16 + 8)) 8 linear nbd+unix:///?socket=$tmpdir/slow.sock $((k * 16))"
+done > "$tmpdir/s.table"
 log=$tmpdir/m.log
 start_server --stderr "$log" m -v -D nbdkit.backend.datapath=0 -t 16 \
     mapper remote-connections=4 remote-timeout=3 \
-    remote-poll-max-us="$poll_us" "$tmpdir/d.table" "$tmpdir/p.table"
+    remote-poll-max-us="$poll_us" "$tmpdir/d.table" "$tmpdir/p.table" \
+    "$tmpdir/d2.table" "$tmpdir/s.table"
 llog=$tmpdir/l.log
 start_server --stderr "$llog" l -v -D nbdkit.backend.datapath=0 \
     -D mapper.inline_off=1 -t 16 \
     mapper remote-connections=4 remote-timeout=3 "$tmpdir/p.table"
 # sh SERVER DEVICE SCRIPT: nbdsh on DEVICE of mapper SERVER (m or l).
 sh_on () { timeout 120 nbdsh -u "nbd+unix:///$2?socket=$tmpdir/$1.sock" -c "$3"; }
-# inlined SERVER SOCK: requests done inline on backend SOCK of SERVER.
+# inlined SERVER SOCK: requests done inline on backend SOCK of SERVER
+# (listed once per device using it: d and s share r's).
 inlined ()
 {
     "$NBDMSETUP" -a "nbd+unix:///control?socket=$tmpdir/$1.sock" \
         status --backends > "$tmpdir/status.out" ||
         die "nbdmsetup status failed"
     sed -nE "s|.*$2.*, ([0-9]+) inline.*|\1|p" "$tmpdir/status.out" |
-        grep . || { cat "$tmpdir/status.out"; die "no inline count for $2"; }
+        head -n 1 | grep . || { cat "$tmpdir/status.out"; die "no inline count for $2"; }
 }
 # polled SERVER SOCK: of them, those whose reply was polled for.
 polled ()
 {
     inlined "$1" "$2" > /dev/null
     sed -nE "s|.*$2.* inline \(([0-9]+) polled.*|\1|p" "$tmpdir/status.out" |
-        grep . || { cat "$tmpdir/status.out"; die "no polled count for $2"; }
+        head -n 1 | grep . || { cat "$tmpdir/status.out"; die "no polled count for $2"; }
 }
 # downs LOG SOCK PATTERN: connections of backend SOCK dropped, saying
 # PATTERN (grep -E).
@@ -113,26 +127,49 @@ else
 fi
 cmp -n 4096 -i 8192:0 "$f" <(head -c 4096 /dev/zero | tr '\0' '\1') ||
     die "an inline write did not reach the server"
-# A deep queue stays the loop's: 20 bursts of 64 reads in flight at once.
-# Each burst's first read finds the loop idle, but a request came with
-# another in flight in the burst before, so none goes inline (the first
-# burst's first may).  Then alone again: after INLINE_CALM (32) requests
-# through the loop, inline again.
-before=$(inlined m r.sock)
-sh_on m d '
-for burst in range(20):
-    for i in range(64):
-        h.aio_pread(nbd.Buffer(4096), i * 8192, completion=lambda *a: 1)
-    while h.aio_in_flight() > 0:
-        h.poll(-1)
-' || die "QD64 bursts failed"
-after=$(inlined m r.sock)
+# A deep queue stays the loop's: at iodepth 64 over slow (5 ms a read) a
+# request comes with others in flight, even when the loop's count of
+# commands is 0 for a moment, so none goes inline (a first may).  Then
+# alone again: after INLINE_CALM (32) requests through the loop, inline
+# again.  Before, 398 of 1,280 reads in bursts of 64 went inline.
+# deep DEVICE BS SIZE: 1,280 random reads of BS bytes at iodepth 64 from
+# the first SIZE of DEVICE (fio wraps around it).
+deep ()
+{
+    timeout 120 fio --name=deep --ioengine=nbd \
+        --uri="nbd+unix:///$1?socket=$tmpdir/m.sock" --rw=randread \
+        --bs="$2" --size="$3" --io_size=$((1280 * $2)) --iodepth=64 \
+        --output="$tmpdir/fio.out" || { cat "$tmpdir/fio.out"; die "fio on $1 failed"; }
+}
+# alone N: N 4K reads, one at a time, of d2; prints how many went inline.
+alone ()
+{
+    local before after
+    before=$(inlined m slow.sock)
+    sh_on m d2 "for i in range($1): h.pread(4096, i * 8192)" || die "QD1 reads failed"
+    after=$(inlined m slow.sock)
+    echo $((after - before))
+}
+sh_on m d2 'h.pread(512, 0)'            # every connection of slow up
+wait_for sh -c "[ \$(grep -c 'slow.sock.*: connection [0-9]* -> up' '$log') -ge 4 ]" ||
+    die "not every connection of slow came up"
+[ "$(alone 4)" -ge 3 ] || { cat "$tmpdir/status.out"; die "slow: QD1 reads did not go inline"; }
+before=$(inlined m slow.sock)
+deep d2 4096 32M
+after=$(inlined m slow.sock)
 [ "$after" -le $((before + 2)) ] ||
     { cat "$tmpdir/status.out"; die "$((after - before)) of 1280 requests at depth 64 went inline"; }
-sh_on m d 'for i in range(64): h.pread(4096, i * 8192)' || die "QD1 reads failed"
-again=$(inlined m r.sock)
-[ "$again" -ge $((after + 28)) ] ||
-    { cat "$tmpdir/status.out"; die "alone again: $((again - after)) of 64 went inline"; }
+n=$(alone 64)
+[ "$n" -ge 28 ] && [ "$n" -le 34 ] ||
+    { cat "$tmpdir/status.out"; die "alone again: $n of 64 went inline (32 expected)"; }
+# Clones that could not go inline count as depth too: 8K reads of s,
+# two clones on slow each, at iodepth 64 (over 1 MiB: fio keeps one read of
+# a block in flight at a time); then of 64 reads alone, the first 32 go
+# through the loop.
+deep s 8192 1M
+n=$(alone 64)
+[ "$n" -ge 28 ] && [ "$n" -le 34 ] ||
+    { cat "$tmpdir/status.out"; die "after split reads at depth: $n of 64 went inline (32 expected)"; }
 sh_on l p 'h.pwrite(b"L" * 4096, 0); assert h.pread(4096, 0) == b"L" * 4096' ||
     die "through the loop: failed"
 [ "$(inlined l p.sock)" -eq 0 ] || die "inline_off: a request went inline"
