@@ -40,7 +40,7 @@
  *
  * Round keys (broadcast) and tweaks are secrets: the arrays holding them
  * are wiped, every vector register zeroed before the calls that wipe
- * them (crypt-xts-vaes.c's xts_clear_vectors says why), and the caller
+ * them (crypt-xts-keys.c's xts_clear_zmm says why), and the caller
  * overwrites the stack where the compiler spilled others
  * (xts_stack_wipe).
  */

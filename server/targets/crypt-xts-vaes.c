@@ -15,9 +15,7 @@
  * work to fill the pipeline), the tweak XORed on both sides (folded into
  * the first and last AddRoundKey), the sectors' first tweaks 32 at a
  * time.  This file has what is the 512-bit width's own: the CPU check,
- * the key schedule (both widths'), the tweak multiplication, clearing
- * the registers.  Where
- * the time goes (Zen 4, where a 512-bit VAES round takes a cycle): of
+ * the tweak multiplication, clearing the registers.  Where the time goes (Zen 4, where a 512-bit VAES round takes a cycle): of
  * 150-160 cycles per 512 bytes of AES-256, 112 are the AES rounds; the
  * tweak multiplications take most of the rest.  The AES is the CPU's;
  * the key schedule (crypt-xts-keys.c) is the standard AES-NI one
