@@ -55,4 +55,5 @@ SHELL_TESTS = \
 	test-remote-direct.sh \
 	test-remote-inline.sh \
 	test-remote-inline-poll.sh \
+	test-remote-parked-status.sh \
 	test-list-exports-limit.sh

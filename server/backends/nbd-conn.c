@@ -541,8 +541,14 @@ nbd_conn_check_parked (struct nbd_conn *conn)
   r = recv (conn->inline_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   if (r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
     atomic_store (&conn->owner, OWN_PARKED);    /* nothing: still idle */
-  else
-    nbd_conn_update_io (conn);  /* EOF, an error or data: wire_io's */
+  else {
+    /* EOF, an error or data: read it now, as the watcher would at the
+     * loop's next turn, so that a status asked for now (status_run)
+     * does not count a connection its server has closed as up.
+     */
+    nbd_conn_update_io (conn);
+    wire_io (conn, EV_READ);
+  }
 }
 
 void

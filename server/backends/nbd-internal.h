@@ -280,7 +280,8 @@ void nbd_conn_settle (struct nbd_conn *conn);
  */
 void nbd_conn_drop_soon (struct nbd_conn *conn, const char *why);
 /* If conn is parked: has its server closed it (or sent anything)?  Then
- * the loop takes it back, and its watcher sees what came.
+ * the loop takes it back and reads what came at once (a closed
+ * connection is down when this returns), watched again if it stays.
  */
 void nbd_conn_check_parked (struct nbd_conn *conn);
 /* Worker side: take a parked connection of nb (NULL if none), hand it

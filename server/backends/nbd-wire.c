@@ -90,7 +90,10 @@
  * so never while a worker holds a connection; a broken_job the stopping
  * loop failed leaves the connection BROKEN, and the next attach drops
  * it.  An idle parked connection is not watched: a server that closed
- * it is seen by the next request on it, which is then retried.
+ * it is seen by the next request on it, which is then retried, or by
+ * the loop's look at parked connections (nbd_conn_check_parked: every
+ * min(1 s, remote-timeout / 4), and at once for a status, which must
+ * not count a closed connection as up).
  *
  * Adaptive polling (remote-poll-max-us, after qemu's AioContext polling
  * of its poll-max-ns, poll-grow, poll-shrink).  A worker asleep in

@@ -864,6 +864,10 @@ status_run (void *arg)
   int n;
 
   for (unsigned i = 0; i < nb->nr_conns; i++) {
+    /* A parked connection is not watched (nbd-wire.c): look now whether
+     * its server is still there, not at the next idle check.
+     */
+    nbd_conn_check_parked (&nb->conns[i]);
     up += nb->conns[i].state == CONN_UP;
     usable += !nb->conns[i].retired;
   }
