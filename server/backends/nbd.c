@@ -861,13 +861,19 @@ status_run (void *arg)
   struct status_call *s = arg;
   struct nbd_backend *nb = s->nb;
   unsigned up = 0, usable = 0;
+  /* Only the loop its connections belong to may touch them (no loop
+   * runs: ioloop_call ran this in the caller's thread).
+   */
+  bool attached = nb->attached_gen == ioloop_generation () &&
+    ioloop_in_loop_thread ();
   int n;
 
   for (unsigned i = 0; i < nb->nr_conns; i++) {
     /* A parked connection is not watched (nbd-wire.c): look now whether
      * its server is still there, not at the next idle check.
      */
-    nbd_conn_check_parked (&nb->conns[i]);
+    if (attached)
+      nbd_conn_check_parked (&nb->conns[i]);
     up += nb->conns[i].state == CONN_UP;
     usable += !nb->conns[i].retired;
   }
