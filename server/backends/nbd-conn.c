@@ -544,9 +544,9 @@ nbd_conn_check_parked (struct nbd_conn *conn)
   else {
     /* EOF, an error or data: read it now, as the watcher would at the
      * loop's next turn, so that a status asked for now (status_run)
-     * does not count a connection its server has closed as up.
+     * does not count a connection its server has closed as up.  wire_io
+     * drops it or settles it (watched again, or parked).
      */
-    nbd_conn_update_io (conn);
     wire_io (conn, EV_READ);
   }
 }

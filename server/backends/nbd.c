@@ -849,6 +849,17 @@ nbd_get_size_op (struct backend *be, uint64_t *size)
   return 0;
 }
 
+/* This thread is the loop nb's connections belong to.  Not so in
+ * another loop's generation, nor in the caller's thread, where
+ * ioloop_call runs its function when no loop runs: their watchers
+ * were a stopped loop's.
+ */
+static bool
+in_own_loop (struct nbd_backend *nb)
+{
+  return nb->attached_gen == ioloop_generation () && ioloop_in_loop_thread ();
+}
+
 struct status_call {
   struct nbd_backend *nb;
   char *buf;
@@ -861,11 +872,7 @@ status_run (void *arg)
   struct status_call *s = arg;
   struct nbd_backend *nb = s->nb;
   unsigned up = 0, usable = 0;
-  /* Only the loop its connections belong to may touch them (no loop
-   * runs: ioloop_call ran this in the caller's thread).
-   */
-  bool attached = nb->attached_gen == ioloop_generation () &&
-    ioloop_in_loop_thread ();
+  bool attached = in_own_loop (nb);
   int n;
 
   for (unsigned i = 0; i < nb->nr_conns; i++) {
@@ -936,7 +943,7 @@ abandon_run (void *arg)
   struct nbd_cmd *cmd, *next;
 
   /* Never used by this loop (or no loop runs): nothing is issued. */
-  if (nb->attached_gen != ioloop_generation () || !ioloop_in_loop_thread ())
+  if (!in_own_loop (nb))
     return;
   for (unsigned i = 0; i < nb->nr_conns; i++)
     if (nb->conns[i].state == CONN_UP)
@@ -965,8 +972,7 @@ static void
 detach_run (void *arg)
 {
   struct nbd_backend *nb = arg;
-  bool attached = nb->attached_gen == ioloop_generation () &&
-    ioloop_in_loop_thread ();
+  bool attached = in_own_loop (nb);
 
   assert (nb->outstanding == 0);
   for (unsigned i = 0; i < nb->nr_conns; i++) {
