@@ -576,6 +576,32 @@ wait_for ()
 # wait_file FILE: until FILE is there and not empty (a pid file).
 wait_file () { wait_for test -s "$1" || die "timed out waiting for $1"; }
 
+# backend_status SERVER: `nbdmsetup status --backends` of mapper SERVER
+# into $tmpdir/status.out; false if it fails.
+backend_status ()
+{
+    "${NBDMSETUP:-$top_builddir/client-tools/nbdmsetup/nbdmsetup}" \
+        -a "nbd+unix:///control?socket=$tmpdir/$1.sock" \
+        status --backends > "$tmpdir/status.out"
+}
+# conns_up_now SERVER DEVICE N/M: mapper SERVER's status says "N/M
+# connections up"; if not, a read of DEVICE (a request wakes the
+# reconnects), and false.
+conns_up_now ()
+{
+    backend_status "$1" && grep -q "$3 connections up" "$tmpdir/status.out" &&
+        return 0
+    timeout 60 nbdsh -u "nbd+unix:///$2?socket=$tmpdir/$1.sock" \
+        -c 'h.pread(512, 0)' >/dev/null 2>&1
+    return 1
+}
+# wait_conns_up SERVER DEVICE N/M: until conns_up_now, or die.
+wait_conns_up ()
+{
+    wait_for conns_up_now "$@" ||
+        { cat "$tmpdir/status.out"; die "$1: not $3 connections up"; }
+}
+
 # free_port: a TCP port on 127.0.0.1 that nothing listens on right now.
 free_port ()
 {

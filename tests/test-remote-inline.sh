@@ -30,7 +30,6 @@ requires nbdkit --version
 requires python3 -c 'import nbd'
 requires timeout --version
 requires fio --enghelp=nbd
-: "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
 poll_us=${INLINE_POLL_US:-0}
 
 f=$(mkfile r.img 64M)
@@ -76,9 +75,7 @@ sh_on () { timeout 120 nbdsh -u "nbd+unix:///$2?socket=$tmpdir/$1.sock" -c "$3";
 # (listed once per device using it: d and s share r's).
 inlined ()
 {
-    "$NBDMSETUP" -a "nbd+unix:///control?socket=$tmpdir/$1.sock" \
-        status --backends > "$tmpdir/status.out" ||
-        die "nbdmsetup status failed"
+    backend_status "$1" || die "nbdmsetup status failed"
     sed -nE "s|.*$2.*, ([0-9]+) inline.*|\1|p" "$tmpdir/status.out" |
         head -n 1 | grep . || { cat "$tmpdir/status.out"; die "no inline count for $2"; }
 }

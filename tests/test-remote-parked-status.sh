@@ -13,7 +13,6 @@ source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
 requires python3 -c 'import nbd'
-: "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
 
 f=$(mkfile r.img 8M)
 start_server r file "$f"
@@ -21,32 +20,15 @@ echo "0 16384 linear nbd+unix:///?socket=$tmpdir/r.sock 0" > "$tmpdir/d.table"
 start_server m mapper remote-connections=4 remote-timeout=30 \
     "$tmpdir/d.table"
 
-status ()
-{
-    "$NBDMSETUP" -a "nbd+unix:///control?socket=$tmpdir/m.sock" \
-        status --backends > "$tmpdir/status.out" ||
-        die "nbdmsetup status failed"
-}
-# up_now N: N of the 4 connections up; if not, a read through the mapper
-# (to wake the reconnects).
-up_now ()
-{
-    status
-    grep -q "$1/4 connections up" "$tmpdir/status.out" && return 0
-    timeout 60 nbdsh -u "nbd+unix:///d?socket=$tmpdir/m.sock" \
-        -c 'h.pread(512, 0)' 2>/dev/null
-    return 1
-}
-
 # Every connection up, then QD1 reads: after 32 alone they go inline, on
 # parked connections, and one is parked when the last is done.
-wait_for up_now 4 || { cat "$tmpdir/status.out"; die "not 4/4 up"; }
+wait_conns_up m d 4/4
 timeout 120 nbdsh -u "nbd+unix:///d?socket=$tmpdir/m.sock" -c '
 h.pwrite(b"p" * 4096, 4096)
 for i in range(200):
     assert h.pread(4096, 4096) == b"p" * 4096, i
 ' || die "QD1 reads failed"
-status
+backend_status m || die "status --backends"
 inline=$(sed -nE 's/.*, ([0-9]+) inline.*/\1/p' "$tmpdir/status.out")
 [ -n "$inline" ] && [ "$inline" -gt 0 ] ||
     { cat "$tmpdir/status.out"; die "no request went inline: nothing parked"; }
@@ -55,14 +37,14 @@ grep -q '4/4 connections up' "$tmpdir/status.out" ||
 
 # The server dies; the status at once knows of every connection.
 stop_server r KILL
-status
+backend_status m || die "status --backends"
 grep -q '0/4 connections up' "$tmpdir/status.out" &&
     grep -q ', 4 connections lost' "$tmpdir/status.out" ||
     { cat "$tmpdir/status.out"; die "right after the kill: not 0/4 up, 4 lost"; }
 
 # It comes back: every connection with it, and the data.
 start_server r file "$f"
-wait_for up_now 4 || { cat "$tmpdir/status.out"; die "not 4/4 up again"; }
+wait_conns_up m d 4/4
 timeout 60 nbdsh -u "nbd+unix:///d?socket=$tmpdir/m.sock" \
     -c 'assert h.pread(4096, 4096) == b"p" * 4096' ||
     die "the data after the server came back"

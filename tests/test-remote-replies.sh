@@ -41,26 +41,6 @@ served ()
     tail -n "+$((mark + 1))" "$tmpdir/req.log" |
         sed -nE "s/.* connection=([0-9]+) $1 id=.*/\1/p" | sort -un
 }
-: "${NBDMSETUP:=$top_builddir/client-tools/nbdmsetup/nbdmsetup}"
-# up_now N: the backend has N of its 4 connections up; if not, a read
-# through the mapper (to wake its reconnects).
-up_now ()
-{
-    "$NBDMSETUP" -a "nbd+unix:///control?socket=$tmpdir/m.sock" \
-        status --backends > "$tmpdir/status.out" &&
-        grep -q "$1/4 connections up" "$tmpdir/status.out" && return 0
-    python3 -c 'import sys; from nbdcheck import connect
-try: connect(sys.argv[1], "d").pread(512, 0)
-except Exception: pass' "$tmpdir/m.sock"
-    return 1
-}
-# wait_up N: until the backend has N of its 4 connections up.
-wait_up ()
-{
-    wait_for up_now "$1" ||
-        { cat "$tmpdir/status.out"; die "the backend did not get $1/4 connections up"; }
-}
-
 cat > "$tmpdir/io.py" <<'EOF'
 import sys
 import nbd
@@ -105,7 +85,7 @@ EOF
 cd "$tmpdir"
 start_server m mapper remote-connections=4 \
        remote-timeout=30 "$tmpdir/d.table"
-wait_up 4
+wait_conns_up m d 4/4
 mark=$(wc -l < "$tmpdir/req.log")
 python3 io.py "$tmpdir/m.sock" write || die "I/O through 4 connections"
 
@@ -132,11 +112,10 @@ done
 # not used (it would lose block status); the other three are.
 stop_server r KILL
 start_back --no-sr
-wait_up 3
+wait_conns_up m d 3/4
 python3 io.py "$tmpdir/m.sock" all-data || die "I/O and extents without connection 0"
 # Connection 0 is still not in use (it keeps retrying).
-"$NBDMSETUP" -a "nbd+unix:///control?socket=$tmpdir/m.sock" \
-    status --backends > "$tmpdir/status.out" || die "status --backends"
+backend_status m || die "status --backends"
 grep -q '3/4 connections up' "$tmpdir/status.out" ||
     { cat "$tmpdir/status.out"; die "not 3/4 up after the I/O"; }
 # The mapper first: the backend waits for its clients to go.
